@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Set-up and entry points on a fresh machine with only python3.
+
+    python3 dev.py demo     # compile an encoder layer once, run it at many shapes
+    python3 dev.py test     # the RAL's C tests, then the Python test suite
+    python3 dev.py bench    # benchmarks/ (side by side with jax.jit)
+
+The first call makes .venv and installs the package (building ral_runtime) with its pinned
+dependencies; later calls reuse it and reinstall only when pyproject.toml or ral_runtime change."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+
+
+def run(*cmd: str | Path, **kw) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def install_stamp() -> str:
+    h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    for p in sorted((ROOT / "ral_runtime").rglob("*")):
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def ensure_env() -> None:
+    stamp_file = VENV / ".disc-stamp"
+    if not PY.exists():
+        run(sys.executable, "-m", "venv", VENV)
+    stamp = install_stamp()
+    if not stamp_file.exists() or stamp_file.read_text() != stamp:
+        run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
+        run(PY, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]")
+        stamp_file.write_text(stamp)
+
+
+def c_tests() -> None:
+    build = ROOT / "build" / "ral"
+    run("cmake", "-S", ROOT / "ral_runtime", "-B", build, "-DCMAKE_BUILD_TYPE=Debug",
+        "-DCMAKE_C_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer")
+    run("cmake", "--build", build, "-j2")
+    blas = subprocess.run([str(PY), "-c", "import scipy_openblas32 as s, os; print(os.path.join(s.get_lib_dir(), 'lib' + s.get_library() + '.so'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    run(build / "test_ral", blas)
+    run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
+
+
+def main() -> int:
+    cmd = sys.argv[1] if len(sys.argv) > 1 else "help"
+    if cmd not in ("demo", "test", "bench"):
+        print(__doc__)
+        return 0 if cmd == "help" else 2
+    ensure_env()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if cmd == "demo":
+        run(PY, ROOT / "benchmarks" / "demo.py", env=env)
+    elif cmd == "test":
+        c_tests()
+        run(PY, "-m", "pytest", "-q", "-n", "2", *sys.argv[2:], cwd=ROOT, env=env)
+    else:
+        run(PY, ROOT / "benchmarks" / "encoder_trace.py", *sys.argv[2:], env=env)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except subprocess.CalledProcessError as e:
+        sys.exit(e.returncode or 1)

@@ -1,0 +1,87 @@
+"""Run-time guards. The frontends' shape constraints arrive as `custom_call @shape_assertion`
+ops (JAX) inside the entry function; they are moved into a separate generated function,
+`disc_guard`, that the host calls before the entry function and that returns, packed into one
+i64 tensor, the index of the first failed assertion (or -1) followed by every assertion's error
+operands. The entry function keeps no assertion, so no kernel ever runs on rejected shapes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from torch_mlir import ir
+
+from ..mlir_support import walk
+
+GUARD_FUNCTION = "disc_guard"
+
+
+@dataclasses.dataclass(frozen=True)
+class Assertion:
+    message: str
+    num_values: int
+
+    def format(self, values: list[int]) -> str:
+        return re.sub(r"\{(\d+)\}", lambda m: str(values[int(m.group(1))]) if int(m.group(1)) < len(values) else m.group(0), self.message)
+
+
+def _is_shape_assertion(op: ir.Operation) -> bool:
+    return op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == "shape_assertion"
+
+
+def _pack_function(asserts: list[ir.Operation], width: int) -> str:
+    params, body, values = [], ["%r_init = arith.constant -1 : i64"], []
+    for k, op in enumerate(asserts):
+        cond, *vals = op.operands
+        params.append(f"%c{k}: {cond.type}")
+        body.append(f"%ok{k} = tensor.extract %c{k}[] : {cond.type}")
+        for j, v in enumerate(vals):
+            params.append(f"%v{k}_{j}: {v.type}")
+            elem = str(ir.RankedTensorType(v.type).element_type)
+            body.append(f"%e{k}_{j} = tensor.extract %v{k}_{j}[] : {v.type}")
+            if elem == "i64":
+                values.append(f"%e{k}_{j}")
+            else:
+                body.append(f"%w{k}_{j} = arith.extsi %e{k}_{j} : {elem} to i64")
+                values.append(f"%w{k}_{j}")
+    prev = "%r_init"
+    for k in reversed(range(len(asserts))):  # the first failing assertion wins
+        body.append(f"%k{k} = arith.constant {k} : i64")
+        body.append(f"%r{k} = arith.select %ok{k}, {prev}, %k{k} : i64")
+        prev = f"%r{k}"
+    body.append(f"%packed = tensor.from_elements {', '.join([prev] + values)} : tensor<{width}xi64>")
+    body.append(f"return %packed : tensor<{width}xi64>")
+    return (f"func.func private @__disc_guard_pack({', '.join(params)}) -> tensor<{width}xi64> {{\n  "
+            + "\n  ".join(body) + "\n}")
+
+
+def extract_guard(module: ir.Module, entry: ir.Operation) -> list[Assertion]:
+    """Moves the entry's shape assertions into a new public function `disc_guard` (same
+    arguments) and returns them in order; returns [] and adds nothing if there are none."""
+    asserts = [op for op in walk(entry) if _is_shape_assertion(op)]
+    if not asserts:
+        return []
+    found = [Assertion(ir.StringAttr(op.attributes["error_message"]).value, len(op.operands) - 1) for op in asserts]
+    with ir.InsertionPoint(module.body):
+        guard = entry.clone()
+    guard.attributes["sym_name"] = ir.StringAttr.get(GUARD_FUNCTION)
+    guard_asserts = [op for op in walk(guard) if _is_shape_assertion(op)]
+    width = 1 + sum(a.num_values for a in found)
+    parsed = ir.Module.parse(_pack_function(guard_asserts, width))  # must outlive the move
+    parsed.body.operations[0].move_before(guard)
+    result_type = ir.RankedTensorType.get([width], ir.IntegerType.get_signless(64))
+    block = guard.regions[0].blocks[0]
+    ret = block.operations[len(block.operations) - 1]
+    with ir.InsertionPoint(ret), ret.location:
+        call = ir.Operation.create("func.call", results=[result_type],
+                                   operands=[v for op in guard_asserts for v in op.operands],
+                                   attributes={"callee": ir.FlatSymbolRefAttr.get("__disc_guard_pack")})
+        ir.Operation.create("func.return", operands=[call.result])
+    ret.erase()
+    ftype = ir.FunctionType(ir.TypeAttr(guard.attributes["function_type"]).value)
+    guard.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [result_type]))
+    if "res_attrs" in guard.attributes:
+        del guard.attributes["res_attrs"]
+    for op in guard_asserts + asserts:
+        op.erase()
+    return found

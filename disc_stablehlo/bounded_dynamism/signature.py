@@ -1,0 +1,99 @@
+"""The signature of a compiled function: per argument and result a shape whose dims are ints or
+dimension-variable names, and a dtype. Arguments are checked against it before any kernel runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+from torch_mlir import ir
+
+from ..errors import CompileError, ShapeError
+
+# MLIR element type -> numpy dtype. One table, used both ways.
+ELEMENT_TYPES: dict[str, np.dtype] = {
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+    "i1": np.dtype(np.bool_),
+    "i8": np.dtype(np.int8),
+    "i16": np.dtype(np.int16),
+    "i32": np.dtype(np.int32),
+    "i64": np.dtype(np.int64),
+    "ui8": np.dtype(np.uint8),
+    "ui16": np.dtype(np.uint16),
+    "ui32": np.dtype(np.uint32),
+    "ui64": np.dtype(np.uint64),
+    "complex<f32>": np.dtype(np.complex64),
+    "complex<f64>": np.dtype(np.complex128),
+}
+
+Dim = int | str  # a static size, or the name of a dimension variable
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+    name: str
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+
+    def describe(self) -> str:
+        return f"{self.dtype.name}[{', '.join(str(d) for d in self.shape)}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    args: tuple[ArgSpec, ...]
+    results: tuple[ArgSpec, ...]
+
+    def check(self, arrays: Sequence[np.ndarray]) -> None:
+        """Rejects a wrong argument count, rank, dtype, static size or an inconsistent
+        dimension variable, naming the argument and the dim."""
+        if len(arrays) != len(self.args):
+            raise ShapeError(f"expected {len(self.args)} arguments ({', '.join(a.describe() for a in self.args)}), got {len(arrays)}")
+        seen: dict[str, tuple[int, str]] = {}
+        for spec, arr in zip(self.args, arrays):
+            if arr.dtype != spec.dtype:
+                raise ShapeError(f"argument '{spec.name}': expected dtype {spec.dtype.name}, got {arr.dtype.name}")
+            if arr.ndim != len(spec.shape):
+                raise ShapeError(f"argument '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {tuple(arr.shape)}")
+            for i, (want, got) in enumerate(zip(spec.shape, arr.shape)):
+                where = f"argument '{spec.name}' dim {i}"
+                if isinstance(want, int):
+                    if want != got:
+                        raise ShapeError(f"{where}: expected size {want}, got {got} (shape {tuple(arr.shape)})")
+                elif want in seen and seen[want][0] != got:
+                    raise ShapeError(f"{where}: dimension variable '{want}' is {seen[want][0]} from {seen[want][1]}, "
+                                     f"but {got} here (shape {tuple(arr.shape)})")
+                else:
+                    seen.setdefault(want, (got, where))
+
+
+def element_dtype(t: ir.Type, what: str) -> np.dtype:
+    text = str(t)
+    if text not in ELEMENT_TYPES:
+        raise CompileError(f"{what}: element type {text} is not supported (supported: {', '.join(ELEMENT_TYPES)})")
+    return ELEMENT_TYPES[text]
+
+
+def spec_from_type(name: str, t: ir.Type, dims: Sequence[Dim] | None = None) -> ArgSpec:
+    if not isinstance(t, ir.RankedTensorType):
+        raise CompileError(f"{name}: expected a ranked tensor, got {t}")
+    rt = ir.RankedTensorType(t)
+    shape = tuple(dims) if dims is not None else tuple(
+        f"{name}.{i}" if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank))
+    return ArgSpec(name, shape, element_dtype(rt.element_type, name))
+
+
+def signature_from_function(func: ir.Operation, arg_dims: Sequence[Sequence[Dim]] | None = None,
+                            arg_names: Sequence[str] | None = None) -> Signature:
+    """Reads the signature of `func`; dims the frontend named (JAX's symbolic dims) override the
+    per-argument placeholders that unknown `?` dims otherwise get."""
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    names = list(arg_names) if arg_names else [f"arg{i}" for i in range(len(ftype.inputs))]
+    args = tuple(spec_from_type(names[i], t, arg_dims[i] if arg_dims else None) for i, t in enumerate(ftype.inputs))
+    results = tuple(spec_from_type(f"result{i}", t) for i, t in enumerate(ftype.results))
+    return Signature(args, results)

@@ -1,0 +1,84 @@
+"""`compile`: frontend -> pipeline -> target -> loaded executable, and the callable a user gets."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import threading
+from typing import Any
+
+import numpy as np
+
+from .passes.pipeline import compile_to_llvm
+from .runtime import Executable, default_runtime, ral_library_dir
+from .targets import get_target
+from .targets.x86 import emit_object, link_shared_object
+
+frontends = importlib.import_module(f"{__package__}.import")
+
+
+class CompiledFunction:
+    """A function compiled once for every shape its signature admits.
+
+    Call it with numpy arrays (numpy out) or JAX arrays (JAX out); results follow the source
+    function's pytree (JAX) or come as one array / a tuple (StableHLO modules)."""
+
+    def __init__(self, executable: Executable, imported: Any, llvm_ir: str):
+        self._exe = executable
+        self._imported = imported
+        self.signature = executable.signature
+        self.llvm_ir = llvm_ir
+        self.compile_count = 1  # native code generations for this function: never more
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any) -> Any:
+        imp = self._imported
+        leaves, uses_jax = _flatten(args, imp.in_tree is not None)
+        if imp.kept_args is not None:
+            if len(leaves) != imp.num_flat_args:
+                from .errors import ShapeError
+
+                raise ShapeError(f"expected {imp.num_flat_args} array arguments, got {len(leaves)}")
+            leaves = [leaves[i] for i in imp.kept_args]
+        outs = self._exe.run([np.asarray(x) for x in leaves])
+        if uses_jax:
+            import jax.numpy as jnp
+
+            outs = [jnp.asarray(o) for o in outs]
+        if imp.out_tree is not None:
+            import jax
+
+            return jax.tree_util.tree_unflatten(imp.out_tree, outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def memory_stats(self) -> dict[str, int]:
+        return self._exe.runtime.memory_stats()
+
+
+def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], bool]:
+    if pytree:
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(args)
+    else:
+        leaves = list(args)
+    uses_jax = any(type(x).__module__.startswith("jax") for x in leaves)
+    return leaves, uses_jax
+
+
+def compile(fn: Any, *specs: Any, target: str = "x86") -> CompiledFunction:
+    """Compiles `fn` once for every shape its signature admits.
+
+    `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
+    `jax.export.symbolic_shape`), a `jax.export.Exported`, or a StableHLO module as text, MLIR
+    bytecode or a portable artifact."""
+    imported = frontends.load(fn, *specs)
+    lowered = compile_to_llvm(imported.module, imported.entry)
+    tgt = get_target(target)
+    obj = emit_object(lowered.llvm_ir, tgt)
+    with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
+        so_path = os.path.join(tmp, "compiled.so")
+        link_shared_object(obj, so_path, ral_library_dir())
+        exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
+    return CompiledFunction(exe, imported, lowered.llvm_ir)

@@ -1,0 +1,87 @@
+"""Frontends: every supported input becomes one StableHLO module in a fresh MLIR context plus a
+signature. The rest of the pipeline never knows where a module came from.
+
+`import` is a Python keyword: the package loads this module with importlib."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from torch_mlir import ir
+
+from ..bounded_dynamism import Signature, signature_from_function
+from ..errors import CompileError
+from ..mlir_support import new_context
+
+
+@dataclasses.dataclass
+class Imported:
+    module: ir.Module
+    entry: str
+    signature: Signature
+    # how call arguments map to module arguments: flat leaf indices the module keeps
+    kept_args: tuple[int, ...] | None = None
+    num_flat_args: int | None = None
+    in_tree: Any = None   # pytree structure of the arguments (JAX)
+    out_tree: Any = None  # pytree structure of the results (JAX)
+
+
+Frontend = Callable[..., Imported]
+_FRONTENDS: list[tuple[Callable[[Any], bool], Frontend]] = []
+
+
+def register_frontend(accepts: Callable[[Any], bool], convert: Frontend) -> None:
+    """Adds a frontend: `accepts(obj)` says whether it handles `obj`; `convert(obj, *specs)`."""
+    _FRONTENDS.append((accepts, convert))
+
+
+def load(obj: Any, *specs: Any) -> Imported:
+    for accepts, convert in _FRONTENDS:
+        if accepts(obj):
+            return convert(obj, *specs)
+    raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
+                       "specs, a jax.export.Exported, or a StableHLO module (text, bytecode or portable artifact)")
+
+
+def find_entry(module: ir.Module) -> ir.Operation:
+    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    public = [f for f in funcs if "sym_visibility" not in f.attributes or ir.StringAttr(f.attributes["sym_visibility"]).value == "public"]
+    for f in public:
+        if ir.StringAttr(f.attributes["sym_name"]).value == "main":
+            return f
+    if len(public) == 1:
+        return public[0]
+    names = [ir.StringAttr(f.attributes["sym_name"]).value for f in public]
+    raise CompileError(f"no entry function: expected a public func named 'main' or exactly one public func, found {names}")
+
+
+def parse_stablehlo(source: str | bytes) -> ir.Module:
+    """Parses StableHLO text, MLIR bytecode, or a StableHLO portable artifact in a new context."""
+    from torch_mlir._mlir_libs import _stablehlo
+
+    ctx = new_context()
+    with ctx, ir.Location.unknown():
+        if isinstance(source, (bytes, bytearray)):
+            try:
+                return _stablehlo.deserialize_portable_artifact(ctx, bytes(source))
+            except Exception:
+                pass  # not a portable artifact: plain MLIR bytecode
+        try:
+            return ir.Module.parse(source)
+        except Exception as e:
+            raise CompileError(f"cannot parse the StableHLO module: {e}") from None
+
+
+def _from_stablehlo(source: str | bytes, *specs: Any) -> Imported:
+    if specs:
+        raise CompileError("a StableHLO module carries its own signature: pass no argument specs")
+    module = parse_stablehlo(source)
+    with module.context:
+        entry = find_entry(module)
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, signature_from_function(entry))
+
+
+register_frontend(lambda obj: isinstance(obj, (str, bytes, bytearray)), _from_stablehlo)
+
+from . import jax_frontend  # noqa: E402,F401  (registers itself)

@@ -1,0 +1,93 @@
+"""Owns the MLIR context set-up (dialects, passes) and small helpers over the MLIR Python API.
+
+torch-mlir's wheel bundles upstream MLIR and StableHLO; importing its torch dialect is what
+registers `stablehlo-legalize-to-linalg` and `stablehlo-aggressive-simplification`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Callable, Iterator
+
+import torch_mlir.dialects.torch  # noqa: F401  (registers the StableHLO->linalg passes)
+from torch_mlir import ir, passmanager
+from torch_mlir._mlir_libs import _stablehlo
+
+from .errors import CompileError
+
+_stablehlo.register_stablehlo_passes()
+
+
+def new_context() -> ir.Context:
+    ctx = ir.Context()
+    _stablehlo.register_dialect(ctx)
+    ctx.allow_unregistered_dialects = False
+    return ctx
+
+
+def walk(op: ir.Operation) -> Iterator[ir.Operation]:
+    """Pre-order walk over `op` and every op nested in it (a snapshot: safe to mutate after)."""
+    found: list[ir.Operation] = []
+
+    def visit(o):
+        found.append(o.operation)
+        return ir.WalkResult.ADVANCE
+
+    op.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return iter(found)
+
+
+def location_text(op: ir.Operation) -> str:
+    return str(op.location).removeprefix("loc(").removesuffix(")")
+
+
+def describe(op: ir.Operation) -> str:
+    """`stablehlo.foo (tensor<?x4xf32>) -> tensor<?xf32> at loc` for error messages."""
+    ins = ", ".join(str(v.type) for v in op.operands)
+    outs = ", ".join(str(v.type) for v in op.results)
+    return f"{op.name} ({ins}) -> ({outs}) at {location_text(op)}"
+
+
+def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
+    """Runs a pass pipeline; on failure raises CompileError with the diagnostics and, when
+    DISC_SAVE_TEMPS=dir is set, a reproducer file and the command that replays it."""
+    saved = module.operation.get_asm(enable_debug_info=True) if os.environ.get("DISC_SAVE_TEMPS") else None
+    diagnostics: list[str] = []
+
+    def on_diag(d):
+        diagnostics.append(f"{d.location}: {d.message}")
+        diagnostics.extend(f"  note: {n.location}: {n.message}" for n in d.notes)
+        return True
+
+    handle = module.context.attach_diagnostic_handler(on_diag)
+    try:
+        passmanager.PassManager.parse(pipeline).run(module.operation)
+    except Exception as e:  # MLIRError: the diagnostics carry the useful part
+        text = "\n".join(diagnostics) or str(e)
+        msg = f"{stage} failed:\n{text}"
+        if saved is not None:
+            path = save_temp(f"{stage.replace(' ', '_')}.mlir", saved)
+            msg += f"\nreproducer: {path}\nreplay: mlir-opt --pass-pipeline='{pipeline}' {path}"
+        raise CompileError(msg) from None
+    finally:
+        handle.detach()
+    if saved is not None:
+        save_temp(f"after_{stage.replace(' ', '_')}.mlir", str(module))
+
+
+def save_temp(name: str, text: str) -> str:
+    folder = os.environ["DISC_SAVE_TEMPS"]
+    os.makedirs(folder, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=name.rsplit(".", 1)[0] + "-", suffix="." + name.rsplit(".", 1)[1], dir=folder)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def replace_op(op: ir.Operation, build: Callable[[], list[ir.Value]]) -> None:
+    """Builds replacement values before `op`, rewires its uses, erases it."""
+    with ir.InsertionPoint(op), op.location:
+        new_values = build()
+    for old, new in zip(op.results, new_values):
+        old.replace_all_uses_with(new)
+    op.erase()

@@ -1,0 +1,263 @@
+"""Templates for the StableHLO ops that the upstream StableHLO->linalg conversion leaves behind
+on dynamic shapes (and for gather/scatter/sort, which it never converts). Each is written once,
+for every rank and element type, over tensor / linalg / scf / arith."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo
+
+from .lower import LoweringState, Text, register_template
+
+
+def _rank(v: ir.Value) -> int:
+    return ir.RankedTensorType(v.type).rank
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    if name not in op.attributes:
+        return []
+    attr = op.attributes[name]
+    if isinstance(attr, ir.DenseI64ArrayAttr):
+        return list(ir.DenseI64ArrayAttr(attr))
+    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
+
+
+def _elem(v: ir.Value | ir.Type) -> str:
+    t = v.type if isinstance(v, ir.Value) else v
+    return str(ir.RankedTensorType(t).element_type)
+
+
+def _result_dims(t: Text, op: ir.Operation, shape: str, shape_type: ir.Type) -> list[str]:
+    """Result dims: static ones from the result type, the rest read from a shape operand."""
+    rt = ir.RankedTensorType(op.result.type)
+    return [t.const(rt.shape[i]) if not rt.is_dynamic_dim(i) else t.extract_index(shape, shape_type, [t.const(i)])
+            for i in range(rt.rank)]
+
+
+def _generic(t: Text, result_type: ir.Type, dims: list[str], body: list[str], value: str) -> str:
+    """A linalg.generic that writes every element of a new tensor from its index (body lines may
+    use %i0..%iN, the element's index)."""
+    rank = ir.RankedTensorType(result_type).rank
+    out = t.empty(result_type, dims)
+    idx = ", ".join(f"d{i}" for i in range(rank))
+    lines = [f"  %i{i} = linalg.index {i} : index" for i in range(rank)] + ["  " + b for b in body]
+    name = t.fresh("g")
+    iterators = ", ".join(['"parallel"'] * rank)
+    t.emit(f"{name} = linalg.generic {{indexing_maps = [affine_map<({idx}) -> ({idx})>], "
+           f"iterator_types = [{iterators}]}} outs({out} : {result_type}) {{\n"
+           f"^bb0(%out: {_elem(result_type)}):\n" + "\n".join(lines) + f"\n  linalg.yield {value} : {_elem(result_type)}\n}} -> {result_type}")
+    return name
+
+
+def _index_to(t: Text, v: str, elem: str, lines: list[str]) -> str:
+    """Converts an index value to `elem` inside a generic body (appends to `lines`)."""
+    n = t.fresh("x")
+    if elem.startswith("f") or elem == "bf16":
+        lines.append(f"{n}i = arith.index_cast {v} : index to i64")
+        lines.append(f"{n} = arith.sitofp {n}i : i64 to {elem}")
+    else:
+        width = elem.lstrip("ui")
+        lines.append(f"{n} = arith.index_cast {v} : index to i{width}")
+    return n
+
+
+@register_template("stablehlo.get_dimension_size")
+def _get_dimension_size(op, t: Text, state):
+    d = t.dim("%a0", op.operands[0].type, ir.IntegerAttr(op.attributes["dimension"]).value)
+    elem = _elem(op.result)
+    v = t(f"arith.index_cast {d} : index to {elem}")
+    return [t(f"tensor.from_elements {v} : {op.result.type}")]
+
+
+@register_template("stablehlo.dynamic_broadcast_in_dim")
+def _dynamic_broadcast_in_dim(op, t: Text, state):
+    operand, out_type = op.operands[0], op.result.type
+    in_t = ir.RankedTensorType(operand.type)
+    bdims = _ints(op, "broadcast_dimensions")
+    nonexpanding = set(_ints(op, "known_nonexpanding_dimensions"))
+    dims = _result_dims(t, op, "%a1", op.operands[1].type)
+    body, index = [], []
+    for i, od in enumerate(bdims):
+        if not in_t.is_dynamic_dim(i):
+            index.append(t.const(0) if in_t.shape[i] == 1 and ir.RankedTensorType(out_type).shape[od] != 1 else f"%i{od}")
+        elif i in nonexpanding:
+            index.append(f"%i{od}")
+        else:  # expanding iff the operand dim is 1 at run time
+            one = t(f"arith.cmpi eq, {t.dim('%a0', operand.type, i)}, {t.const(1)} : index")
+            n = t.fresh("s")
+            body.append(f"{n} = arith.select {one}, {t.const(0)}, %i{od} : index")
+            index.append(n)
+    body.append(f"%e = tensor.extract %a0[{', '.join(index)}] : {operand.type}")
+    return [_generic(t, out_type, dims, body, "%e")]
+
+
+@register_template("stablehlo.dynamic_reshape")
+def _dynamic_reshape(op, t: Text, state):
+    return [t(f"tensor.reshape %a0(%a1) : ({op.operands[0].type}, {op.operands[1].type}) -> {op.result.type}")]
+
+
+@register_template("stablehlo.real_dynamic_slice")
+def _real_dynamic_slice(op, t: Text, state):
+    rank = _rank(op.result)
+    offs, sizes, strides = [], [], []
+    for i in range(rank):
+        start = t.extract_index("%a1", op.operands[1].type, [t.const(i)])
+        limit = t.extract_index("%a2", op.operands[2].type, [t.const(i)])
+        stride = t.extract_index("%a3", op.operands[3].type, [t.const(i)])
+        span = t(f"arith.subi {limit}, {start} : index")
+        offs.append(start)
+        strides.append(stride)
+        sizes.append(t(f"arith.ceildivsi {span}, {stride} : index"))
+    dyn_type = f"tensor<{'?x' * rank}{_elem(op.result)}>"
+    s = t(f"tensor.extract_slice %a0[{', '.join(offs)}] [{', '.join(sizes)}] [{', '.join(strides)}] : {op.operands[0].type} to {dyn_type}")
+    return [t(f"tensor.cast {s} : {dyn_type} to {op.result.type}")]
+
+
+@register_template("stablehlo.dynamic_iota")
+def _dynamic_iota(op, t: Text, state):
+    dims = _result_dims(t, op, "%a0", op.operands[0].type)
+    body: list[str] = []
+    v = _index_to(t, f"%i{ir.IntegerAttr(op.attributes['iota_dimension']).value}", _elem(op.result), body)
+    return [_generic(t, op.result.type, dims, body, v)]
+
+
+def _pad(t: Text, op, lows: list[str], highs: list[str], interiors: list[str]) -> str:
+    """Pads %a0 with the scalar tensor %a1: lows/highs may be negative, interior >= 0."""
+    in_type = op.operands[0].type
+    rank = _rank(op.operands[0])
+    in_dims = t.dims("%a0", in_type)
+    out_dims = []
+    for i in range(rank):
+        minus_one = t(f"arith.subi {in_dims[i]}, {t.const(1)} : index")
+        gaps = t(f"arith.muli {t(f'arith.maxsi {minus_one}, {t.const(0)} : index')}, {interiors[i]} : index")
+        edges = t(f"arith.addi {lows[i]}, {highs[i]} : index")
+        total = t(f"arith.addi {edges}, {t(f'arith.addi {in_dims[i]}, {gaps} : index')} : index")
+        out_dims.append(total)
+    pad_value = t(f"tensor.extract %a1[] : {op.operands[1].type}")
+    body, conds, src = [], [], []
+    for i in range(rank):
+        step = t(f"arith.addi {interiors[i]}, {t.const(1)} : index")
+        body += [f"%p{i} = arith.subi %i{i}, {lows[i]} : index",
+                 f"%q{i} = arith.divsi %p{i}, {step} : index",
+                 f"%r{i} = arith.remsi %p{i}, {step} : index",
+                 f"%ge{i} = arith.cmpi sge, %p{i}, {t.const(0)} : index",
+                 f"%on{i} = arith.cmpi eq, %r{i}, {t.const(0)} : index",
+                 f"%lt{i} = arith.cmpi slt, %q{i}, {in_dims[i]} : index",
+                 f"%a{i}x = arith.andi %ge{i}, %on{i} : i1",
+                 f"%ok{i} = arith.andi %a{i}x, %lt{i} : i1"]
+        conds.append(f"%ok{i}")
+        src.append(f"%q{i}")
+    inside = t.const(1, "i1")
+    for c in conds:
+        n = t.fresh("and")
+        body.append(f"{n} = arith.andi {inside}, {c} : i1")
+        inside = n
+    elem = _elem(op.result)
+    body += [f"%val = scf.if {inside} -> ({elem}) {{",
+             f"  %e = tensor.extract %a0[{', '.join(src)}] : {in_type}",
+             "  scf.yield %e : " + elem,
+             "} else {",
+             f"  scf.yield {pad_value} : {elem}",
+             "}"]
+    return _generic(t, op.result.type, out_dims, body, "%val")
+
+
+@register_template("stablehlo.dynamic_pad")
+def _dynamic_pad(op, t: Text, state):
+    rank = _rank(op.operands[0])
+    vec = [[t.extract_index(f"%a{k}", op.operands[k].type, [t.const(i)]) for i in range(rank)] for k in (2, 3, 4)]
+    return [_pad(t, op, *vec)]
+
+
+@register_template("stablehlo.pad")
+def _static_pad(op, t: Text, state):
+    lows, highs, interiors = ([t.const(v) for v in _ints(op, k)] for k in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    return [_pad(t, op, lows, highs, interiors)]
+
+
+@register_template("stablehlo.dynamic_update_slice")
+def _dynamic_update_slice(op, t: Text, state):
+    operand, update = op.operands[0], op.operands[1]
+    rank = _rank(operand)
+    in_dims, up_dims = t.dims("%a0", operand.type), t.dims("%a1", update.type)
+    offs = []
+    for i in range(rank):
+        start = t.extract_index(f"%a{2 + i}", op.operands[2 + i].type)
+        offs.append(t.clamp(start, t.const(0), t(f"arith.subi {in_dims[i]}, {up_dims[i]} : index")))
+    ones = ", ".join(t.const(1) for _ in range(rank))
+    return [t(f"tensor.insert_slice %a1 into %a0[{', '.join(offs)}] [{', '.join(up_dims)}] [{ones}] : {update.type} into {operand.type}")]
+
+
+@register_template("stablehlo.dynamic_slice")
+def _dynamic_slice(op, t: Text, state):
+    operand = op.operands[0]
+    rank = _rank(operand)
+    sizes = _ints(op, "slice_sizes")
+    in_dims = t.dims("%a0", operand.type)
+    offs = []
+    for i in range(rank):
+        start = t.extract_index(f"%a{1 + i}", op.operands[1 + i].type)
+        offs.append(t.clamp(start, t.const(0), t(f"arith.subi {in_dims[i]}, {t.const(sizes[i])} : index")))
+    ones = ", ".join(t.const(1) for _ in range(rank))
+    return [t(f"tensor.extract_slice %a0[{', '.join(offs)}] [{', '.join(t.const(s) for s in sizes)}] [{ones}] : {operand.type} to {op.result.type}")]
+
+
+@register_template("stablehlo.gather", "stablehlo.dynamic_gather")
+def _gather(op, t: Text, state):
+    dn = _stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    operand, indices = op.operands[0], op.operands[1]
+    op_rank, idx_rank, out_rank = _rank(operand), _rank(indices), _rank(op.result)
+    if op.name == "stablehlo.dynamic_gather":
+        slice_sizes = [t.extract_index("%a2", op.operands[2].type, [t.const(i)]) for i in range(op_rank)]
+    else:
+        slice_sizes = [t.const(s) for s in _ints(op, "slice_sizes")]
+    offset_dims, collapsed = list(dn.offset_dims), set(dn.collapsed_slice_dims)
+    op_batch, idx_batch = list(dn.operand_batching_dims), list(dn.start_indices_batching_dims)
+    start_map, ivd = list(dn.start_index_map), dn.index_vector_dim
+    in_dims = t.dims("%a0", operand.type)
+    batch_out = [d for d in range(out_rank) if d not in offset_dims]  # output dims that index `indices`
+    idx_dims_wo_ivd = [d for d in range(idx_rank) if d != ivd]  # in order, matching batch_out
+
+    def batch_index(idx_dim: int) -> str:
+        return f"%i{batch_out[idx_dims_wo_ivd.index(idx_dim)]}"
+
+    body, full = [], [t.const(0)] * op_rank
+    start = [None] * op_rank
+    for k, od in enumerate(start_map):
+        pos = [batch_index(d) if d != ivd else t.const(k) for d in range(idx_rank)]
+        if ivd == idx_rank:
+            pos = [batch_index(d) for d in range(idx_rank)]
+        e = t.fresh("ix")
+        body.append(f"{e} = tensor.extract %a1[{', '.join(pos)}] : {indices.type}")
+        elem = _elem(indices)
+        cast = "arith.index_castui" if elem.startswith("ui") else "arith.index_cast"
+        body.append(f"{e}c = {cast} {e} : {elem.replace('ui', 'i')} to index")
+        hi = t(f"arith.subi {in_dims[od]}, {slice_sizes[od]} : index")
+        body.append(f"{e}m = arith.minsi {e}c, {hi} : index")
+        body.append(f"{e}s = arith.maxsi {e}m, {t.const(0)} : index")
+        start[od] = f"{e}s"
+    for ob, ib in zip(op_batch, idx_batch):
+        start[ob] = batch_index(ib)
+    offset_operand_dims = [d for d in range(op_rank) if d not in collapsed and d not in op_batch]
+    for od, out_d in zip(offset_operand_dims, offset_dims):
+        full[od] = f"%i{out_d}"
+    final = []
+    for d in range(op_rank):
+        if start[d] is None:
+            final.append(full[d])
+        else:
+            n = t.fresh("fi")
+            body.append(f"{n} = arith.addi {start[d]}, {full[d]} : index")
+            final.append(n)
+    body.append(f"%e = tensor.extract %a0[{', '.join(final)}] : {operand.type}")
+    rt = ir.RankedTensorType(op.result.type)
+    out_dims = []
+    for d in range(out_rank):
+        if not rt.is_dynamic_dim(d):
+            out_dims.append(t.const(rt.shape[d]))
+        elif d in offset_dims:
+            out_dims.append(slice_sizes[offset_operand_dims[offset_dims.index(d)]])
+        else:
+            out_dims.append(t.dim("%a1", indices.type, idx_dims_wo_ivd[batch_out.index(d)]))
+    return [_generic(t, op.result.type, out_dims, body, "%e")]

@@ -1,0 +1,191 @@
+"""The registry of the project's own StableHLO rewrites and the text-template machinery most of
+them use.
+
+A template lowering turns ONE op instance into a private function written as MLIR text (typed
+for that instance: `%a0..%aN` are the operands) whose body uses tensor / linalg / scf / arith ops
+and StableHLO ops that the upstream conversion handles. The op is replaced by a call, and the
+inliner later dissolves the call. Rewrites that must move regions (control flow) are plain
+Python functions registered the same way."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from torch_mlir import ir
+
+from ..errors import UnsupportedOpError
+from ..mlir_support import describe, walk
+
+Rewrite = Callable[[ir.Operation, "LoweringState"], None]
+_REWRITES: dict[str, Rewrite] = {}
+
+
+def register_rewrite(*op_names: str) -> Callable[[Rewrite], Rewrite]:
+    def deco(fn: Rewrite) -> Rewrite:
+        for name in op_names:
+            if name in _REWRITES:
+                raise ValueError(f"a rewrite for {name} is registered already")
+            _REWRITES[name] = fn
+        return fn
+    return deco
+
+
+def applies(op: ir.Operation) -> Rewrite | None:
+    return _REWRITES.get(op.name)
+
+
+class LoweringState:
+    """Per-module state: fresh symbol names and the module new functions go into."""
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+        self.counter = 0
+        self.declared: set[str] = set()
+
+    def fresh_symbol(self, stem: str) -> str:
+        self.counter += 1
+        return f"__disc_{stem}_{self.counter}"
+
+    def add_function(self, text: str) -> None:
+        """Parses functions (with the declarations they need) into the module; a declaration
+        the module has already is not added twice."""
+        parsed = ir.Module.parse(text)  # must outlive the moves
+        for op in list(parsed.body.operations):
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            if name not in self.declared:
+                self.declared.add(name)
+                op.operation.move_before(self.module.body.operations[0])
+
+    def region_function(self, region: ir.Region, stem: str) -> str:
+        """Moves a StableHLO region (scalar-tensor arguments, `stablehlo.return`) into a new
+        private function and returns its name; the region is left empty."""
+        name = self.fresh_symbol(stem)
+        block = region.blocks[0]
+        arg_types = [a.type for a in block.arguments]
+        ret = block.operations[len(block.operations) - 1]
+        result_types = [v.type for v in ret.operands]
+        with ir.InsertionPoint.at_block_begin(self.module.body), ir.Location.unknown():
+            func = ir.Operation.create(
+                "func.func", regions=1,
+                attributes={"sym_name": ir.StringAttr.get(name), "sym_visibility": ir.StringAttr.get("private"),
+                            "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))})
+        new_block = func.regions[0].blocks.append(*arg_types)
+        for old, new in zip(block.arguments, new_block.arguments):
+            old.replace_all_uses_with(new)
+        move_ops(block, new_block)
+        last = new_block.operations[len(new_block.operations) - 1]
+        with ir.InsertionPoint(new_block), last.location:
+            ir.Operation.create("func.return", operands=list(last.operands))
+        last.erase()
+        return name
+
+    def replace_with_call(self, op: ir.Operation, function_text: str, name: str) -> None:
+        self.add_function(function_text)
+        with ir.InsertionPoint(op), op.location:
+            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=list(op.operands),
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+
+
+def move_ops(src: ir.Block, dst: ir.Block) -> None:
+    """Moves every op of `src` to the end of `dst`, in order."""
+    for op in list(src.operations):
+        dst.append(op.operation)
+
+
+class Text:
+    """Builds the body of a template function: SSA names, constants, dims."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._n = 0
+        self._consts: dict[tuple[str, str], str] = {}
+
+    def fresh(self, stem: str = "v") -> str:
+        self._n += 1
+        return f"%{stem}{self._n}"
+
+    def __call__(self, rhs: str, stem: str = "v") -> str:
+        name = self.fresh(stem)
+        self.lines.append(f"{name} = {rhs}")
+        return name
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def const(self, value: int | float | str, type_: str = "index") -> str:
+        key = (str(value), type_)
+        if key not in self._consts:
+            self._consts[key] = self(f"arith.constant {value} : {type_}", "c")
+        return self._consts[key]
+
+    def dim(self, value: str, type_: ir.Type, i: int) -> str:
+        t = ir.RankedTensorType(type_)
+        if not t.is_dynamic_dim(i):
+            return self.const(t.shape[i])
+        return self(f"tensor.dim {value}, {self.const(i)} : {type_}", "d")
+
+    def dims(self, value: str, type_: ir.Type) -> list[str]:
+        return [self.dim(value, type_, i) for i in range(ir.RankedTensorType(type_).rank)]
+
+    def extract_index(self, tensor: str, type_: ir.Type, position: Iterable[str] = ()) -> str:
+        """A scalar of an integer tensor (at `position`) as an index."""
+        elem = str(ir.RankedTensorType(type_).element_type)
+        v = self(f"tensor.extract {tensor}[{', '.join(position)}] : {type_}")
+        if elem == "index":
+            return v
+        if elem.startswith("ui"):
+            return self(f"arith.index_castui {v} : {elem.replace('ui', 'i')} to index")
+        return self(f"arith.index_cast {v} : {elem} to index")
+
+    def empty(self, type_: ir.Type, dims: list[str]) -> str:
+        t = ir.RankedTensorType(type_)
+        dyn = [d for i, d in enumerate(dims) if t.is_dynamic_dim(i)]
+        return self(f"tensor.empty({', '.join(dyn)}) : {type_}")
+
+    def clamp(self, v: str, lo: str, hi: str) -> str:
+        return self(f"arith.maxsi {self(f'arith.minsi {v}, {hi} : index')}, {lo} : index")
+
+    def function(self, name: str, op: ir.Operation) -> str:
+        params = ", ".join(f"%a{i}: {v.type}" for i, v in enumerate(op.operands))
+        results = ", ".join(str(r.type) for r in op.results)
+        return f"func.func private @{name}({params}) -> ({results}) {{\n  " + "\n  ".join(self.lines) + "\n}"
+
+
+Template = Callable[[ir.Operation, Text, "LoweringState"], list[str]]
+
+
+def register_template(*op_names: str) -> Callable[[Template], Template]:
+    """Registers a text template: `fn(op, text, state)` appends body lines to `text` and
+    returns the values to return."""
+    def deco(fn: Template) -> Template:
+        def rewrite(op: ir.Operation, state: LoweringState) -> None:
+            text = Text()
+            results = fn(op, text, state)
+            types = ", ".join(str(r.type) for r in op.results)
+            text.emit(f"return {', '.join(results)} : {types}" if results else "return")
+            name = state.fresh_symbol(op.name.split(".")[-1])
+            state.replace_with_call(op, text.function(name, op), name)
+        register_rewrite(*op_names)(rewrite)
+        return fn
+    return deco
+
+
+def lower_module(module: ir.Module) -> None:
+    """Applies registered rewrites until none applies (rewrites may expose new ops, e.g. the
+    bodies of regions moved into functions)."""
+    state = LoweringState(module)
+    for _ in range(8):
+        pending = [op for op in walk(module.operation) if applies(op)]
+        if not pending:
+            return
+        for op in pending:
+            try:
+                applies(op)(op, state)
+            except UnsupportedOpError:
+                raise
+            except Exception as e:
+                raise UnsupportedOpError(f"cannot lower {describe(op)}: {e}") from None
+    raise UnsupportedOpError("lowering did not converge")

@@ -1,0 +1,101 @@
+"""The compilation pipeline, read top to bottom: StableHLO in, LLVM IR text out.
+
+Each step is one line; MLIR pass pipelines are built from the named pieces below."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch_mlir import ir
+from torch_mlir.dialects import llvm as llvm_dialect
+
+from ..bounded_dynamism import extract_guard
+from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
+from ..errors import CompileError, UnsupportedOpError
+from ..mlir_support import describe, run_pipeline, walk
+from . import control_flow, dynamic_ops, library_calls  # noqa: F401  (register their rewrites)
+from .lower import lower_module
+from .ops import DIALECTS_LEFT_TO_UPSTREAM
+
+FLATTEN = "inline, symbol-dce"
+LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
+SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
+TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse"
+BUFFERIZE = "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}, canonicalize"
+TO_LOOPS = "func.func(convert-linalg-to-loops), canonicalize"
+TO_LLVM = ", ".join([
+    "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",
+    "finalize-memref-to-llvm{use-generic-functions}", "convert-complex-to-standard", "convert-math-to-llvm",
+    "convert-math-to-libm", "convert-complex-to-llvm", "convert-arith-to-llvm", "convert-cf-to-llvm",
+    "convert-func-to-llvm", "convert-ub-to-llvm", "reconcile-unrealized-casts",
+])
+
+
+@dataclasses.dataclass
+class LoweredModule:
+    llvm_ir: str
+    entry: str
+    assertions: list[Assertion]  # empty: no guard function
+
+    @property
+    def guard(self) -> str | None:
+        return GUARD_FUNCTION if self.assertions else None
+
+
+def compile_to_llvm(module: ir.Module, entry_name: str) -> LoweredModule:
+    with module.context, ir.Location.unknown():
+        # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main)
+        run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
+        run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
+        # 3. fold constants and shape computations the frontends leave behind
+        run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
+        entry = _function(module, entry_name)
+        # 4. shape assertions move into a guard function the host calls before any kernel
+        assertions = extract_guard(module, entry)
+        run_pipeline(module, "builtin.module(canonicalize)", "guard clean-up")  # the guard keeps only shape math
+        _mark_entry_points(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
+        # 5. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls
+        lower_module(module)
+        run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining lowered ops")
+        # 6. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
+        run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
+        _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
+        # 7. tensors to buffers (the RAL allocates), loops, LLVM dialect
+        run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
+        run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
+        run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
+        _check_only_llvm(module)
+        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions)
+
+
+def _function(module: ir.Module, name: str) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    raise CompileError(f"function @{name} not found")
+
+
+def _mark_entry_points(module: ir.Module, names: list[str]) -> None:
+    """Entry points get a C interface, and their arguments are never written (the caller's)."""
+    for name in names:
+        func = _function(module, name)
+        func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        n = len(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
+        read_only = ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get([read_only] * n)
+        if "res_attrs" in func.attributes:
+            del func.attributes["res_attrs"]
+
+
+def _check_nothing_left(module: ir.Module, prefixes: tuple[str, ...], when: str) -> None:
+    left = [op for op in walk(module.operation) if op.name.startswith(prefixes)]
+    if left:
+        kinds = sorted({op.name for op in left})
+        raise UnsupportedOpError(f"unsupported op{'s' if len(kinds) > 1 else ''} {', '.join(kinds)} {when}; first: {describe(left[0])}")
+
+
+def _check_only_llvm(module: ir.Module) -> None:
+    left = [op for op in walk(module.operation) if not op.name.startswith(("llvm.", "builtin.module"))]
+    if left:
+        raise CompileError(f"lowering to LLVM left {sorted({op.name for op in left})}; first: {describe(left[0])}")

@@ -1,0 +1,106 @@
+/* disc_stablehlo runtime abstraction layer (RAL): the C ABI that compiled artifacts call.
+ *
+ * Ownership rules:
+ *  - A ral_runtime owns the caching allocator, the thread pool and the loaded BLAS. Create one
+ *    per process (or per device) and share it between threads: every entry point is thread-safe.
+ *  - A ral_context belongs to ONE call of a compiled function on ONE thread. Every buffer the
+ *    generated code allocates during that call is recorded in the context and returned to the
+ *    runtime's cache by ral_context_destroy, except buffers handed to the caller with
+ *    ral_context_take, which the caller later gives back with ral_buffer_free.
+ *  - Errors never abort: they are recorded in the context (first error wins) and read back with
+ *    ral_context_status / ral_context_message after the call.
+ */
+#ifndef RAL_RAL_H
+#define RAL_RAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  RAL_OK = 0,
+  RAL_ERR_INVALID_ARGUMENT = 1,
+  RAL_ERR_OUT_OF_MEMORY = 2,
+  RAL_ERR_UNAVAILABLE = 3, /* a library (BLAS, driver) could not be loaded */
+  RAL_ERR_INTERNAL = 4,
+} ral_status;
+
+typedef struct ral_runtime ral_runtime;
+typedef struct ral_context ral_context;
+
+/* Creates a runtime. blas_path may be NULL (GEMM calls then fail with RAL_ERR_UNAVAILABLE).
+ * num_threads <= 0 uses every online core. On failure *out is NULL and the status says why. */
+ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out);
+void ral_runtime_destroy(ral_runtime *rt);
+int ral_runtime_num_threads(const ral_runtime *rt);
+/* Message of the last ral_runtime_create failure on this thread (static storage). */
+const char *ral_runtime_create_error(void);
+
+typedef struct {
+  int64_t bytes_in_use;   /* held by live buffers (contexts and taken results) */
+  int64_t peak_bytes;     /* high-water mark of bytes_in_use */
+  int64_t bytes_cached;   /* free blocks kept for reuse */
+  int64_t allocations;    /* requests served */
+  int64_t cache_hits;     /* requests served from the cache */
+} ral_memory_stats;
+void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out);
+
+ral_status ral_context_create(ral_runtime *rt, ral_context **out);
+/* Frees every buffer the context still owns. */
+void ral_context_destroy(ral_context *ctx);
+/* Makes ctx the current context of the calling thread (generated code finds it there) and
+ * returns the previous one, so calls can nest. */
+ral_context *ral_context_enter(ral_context *ctx);
+ral_status ral_context_status(const ral_context *ctx);
+const char *ral_context_message(const ral_context *ctx);
+/* Records an error in the context; the first one is kept. */
+void ral_context_fail(ral_context *ctx, ral_status status, const char *message);
+/* Transfers a buffer allocated in this context to the caller: returns 1 and forgets it, or 0 if
+ * the pointer was not allocated by this context (an argument, a constant, or taken already). */
+int ral_context_take(ral_context *ctx, void *ptr);
+/* Gives a buffer obtained through ral_context_take back to the runtime. */
+void ral_buffer_free(ral_runtime *rt, void *ptr);
+
+/* Allocates from the runtime's cache on behalf of ctx (64-byte aligned). NULL on failure, with
+ * the error recorded in ctx. */
+void *ral_alloc(ral_context *ctx, size_t bytes);
+
+/* Runs body(data, lo, hi) over [begin, end) split into chunks of at least `grain` iterations on
+ * the runtime's thread pool, and returns when all chunks are done. Called from a pool thread it
+ * runs inline. */
+typedef void (*ral_parallel_body)(void *data, int64_t lo, int64_t hi);
+void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int64_t begin,
+                      int64_t end, int64_t grain);
+
+/* ---- entry points called by generated code (current context from ral_context_enter) ---- */
+
+/* memref allocation hooks of MLIR's finalize-memref-to-llvm{use-generic-functions}. */
+void *_mlir_memref_to_llvm_alloc(size_t bytes);
+void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes);
+void _mlir_memref_to_llvm_free(void *ptr);
+
+/* Strided copy between memrefs of any rank, called by MLIR's lowering of memref.copy when a
+ * layout is not contiguous. Both arguments are MLIR unranked memrefs {rank, descriptor*}. */
+typedef struct {
+  int64_t rank;
+  void *descriptor;
+} ral_unranked_memref;
+void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_memref *dst);
+
+/* Batched GEMM C[b] = op(A[b]) x op(B[b]) on row-major strided views.
+ * A: [batch, m, k] with strides (sa_b, sa_m, sa_k); B: [batch, k, n] likewise; C: [batch, m, n]
+ * contiguous. Strides are in elements. */
+void disc_ral_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
+                       int64_t sa_b, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
+                       int64_t sb_k, int64_t sb_n, float *c);
+void disc_ral_gemm_f64(int64_t batch, int64_t m, int64_t n, int64_t k, const double *a,
+                       int64_t sa_b, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
+                       int64_t sb_k, int64_t sb_n, double *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,458 @@
+/* The RAL: caching allocator, per-call contexts, thread pool and BLAS calls. See ral/ral.h. */
+#define _GNU_SOURCE
+#include "ral/ral.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RAL_ALIGN 64
+#define RAL_HEADER 64 /* keeps user pointers 64-byte aligned */
+#define RAL_NUM_BINS 48
+#define RAL_MAX_CACHED_BLOCKS 64 /* per bin */
+
+/* ------------------------------------------------------------------------------------------ */
+/* caching allocator                                                                          */
+
+typedef struct block_header {
+  int64_t bin;  /* size class: capacity is 1 << bin bytes */
+  int64_t used; /* bytes requested */
+  struct block_header *next_free;
+} block_header;
+
+typedef struct {
+  pthread_mutex_t lock;
+  block_header *free_list[RAL_NUM_BINS];
+  int free_count[RAL_NUM_BINS];
+  ral_memory_stats stats;
+} allocator;
+
+static int size_bin(size_t bytes) {
+  int bin = 6; /* 64 bytes at least */
+  while (bin < RAL_NUM_BINS - 1 && ((size_t)1 << bin) < bytes) bin++;
+  return bin;
+}
+
+static void *allocator_get(allocator *a, size_t bytes) {
+  int bin = size_bin(bytes);
+  if (((size_t)1 << bin) < bytes) return NULL;
+  pthread_mutex_lock(&a->lock);
+  block_header *h = a->free_list[bin];
+  if (h) {
+    a->free_list[bin] = h->next_free;
+    a->free_count[bin]--;
+    a->stats.bytes_cached -= (int64_t)1 << bin;
+    a->stats.cache_hits++;
+  }
+  a->stats.allocations++;
+  a->stats.bytes_in_use += (int64_t)bytes;
+  if (a->stats.bytes_in_use > a->stats.peak_bytes) a->stats.peak_bytes = a->stats.bytes_in_use;
+  pthread_mutex_unlock(&a->lock);
+  if (!h) {
+    h = aligned_alloc(RAL_ALIGN, ((size_t)1 << bin) + RAL_HEADER);
+    if (!h) {
+      pthread_mutex_lock(&a->lock);
+      a->stats.bytes_in_use -= (int64_t)bytes;
+      pthread_mutex_unlock(&a->lock);
+      return NULL;
+    }
+    h->bin = bin;
+  }
+  h->used = (int64_t)bytes;
+  h->next_free = NULL;
+  return (char *)h + RAL_HEADER;
+}
+
+static void allocator_put(allocator *a, void *ptr) {
+  if (!ptr) return;
+  block_header *h = (block_header *)((char *)ptr - RAL_HEADER);
+  int bin = (int)h->bin;
+  pthread_mutex_lock(&a->lock);
+  a->stats.bytes_in_use -= h->used;
+  if (a->free_count[bin] < RAL_MAX_CACHED_BLOCKS) {
+    h->next_free = a->free_list[bin];
+    a->free_list[bin] = h;
+    a->free_count[bin]++;
+    a->stats.bytes_cached += (int64_t)1 << bin;
+    h = NULL;
+  }
+  pthread_mutex_unlock(&a->lock);
+  free(h);
+}
+
+static void allocator_release_all(allocator *a) {
+  for (int bin = 0; bin < RAL_NUM_BINS; bin++) {
+    while (a->free_list[bin]) {
+      block_header *h = a->free_list[bin];
+      a->free_list[bin] = h->next_free;
+      free(h);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* thread pool                                                                                */
+
+typedef struct {
+  ral_parallel_body body;
+  void *data;
+  ral_context *ctx;
+  int64_t end, grain;
+  atomic_int_fast64_t next;    /* next unclaimed iteration */
+  atomic_int pending_workers;  /* workers still inside this job */
+} parallel_job;
+
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake, done;
+  pthread_mutex_t submit; /* one job at a time; other callers wait here */
+  parallel_job *job;
+  int64_t generation;
+  int stopping;
+  int num_workers;
+  pthread_t *workers;
+} thread_pool;
+
+static _Thread_local ral_context *tls_context;
+static _Thread_local int tls_in_pool;
+
+static void run_chunks(parallel_job *job) {
+  ral_context *saved = tls_context;
+  tls_context = job->ctx;
+  for (;;) {
+    int64_t lo = atomic_fetch_add(&job->next, job->grain);
+    if (lo >= job->end) break;
+    int64_t hi = lo + job->grain < job->end ? lo + job->grain : job->end;
+    job->body(job->data, lo, hi);
+  }
+  tls_context = saved;
+}
+
+static void *worker_main(void *arg) {
+  thread_pool *pool = arg;
+  tls_in_pool = 1;
+  int64_t seen = 0;
+  pthread_mutex_lock(&pool->lock);
+  for (;;) {
+    while (!pool->stopping && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->lock);
+    if (pool->stopping) break;
+    seen = pool->generation;
+    parallel_job *job = pool->job;
+    pthread_mutex_unlock(&pool->lock);
+    run_chunks(job);
+    pthread_mutex_lock(&pool->lock);
+    if (atomic_fetch_sub(&job->pending_workers, 1) == 1) pthread_cond_broadcast(&pool->done);
+  }
+  pthread_mutex_unlock(&pool->lock);
+  return NULL;
+}
+
+static int pool_start(thread_pool *pool, int num_workers) {
+  pthread_mutex_init(&pool->lock, NULL);
+  pthread_mutex_init(&pool->submit, NULL);
+  pthread_cond_init(&pool->wake, NULL);
+  pthread_cond_init(&pool->done, NULL);
+  pool->workers = calloc((size_t)(num_workers > 0 ? num_workers : 1), sizeof(pthread_t));
+  if (!pool->workers) return 0;
+  for (int i = 0; i < num_workers; i++) {
+    if (pthread_create(&pool->workers[i], NULL, worker_main, pool) != 0) break;
+    pool->num_workers++;
+  }
+  return 1;
+}
+
+static void pool_stop(thread_pool *pool) {
+  pthread_mutex_lock(&pool->lock);
+  pool->stopping = 1;
+  pthread_cond_broadcast(&pool->wake);
+  pthread_mutex_unlock(&pool->lock);
+  for (int i = 0; i < pool->num_workers; i++) pthread_join(pool->workers[i], NULL);
+  free(pool->workers);
+  pthread_cond_destroy(&pool->wake);
+  pthread_cond_destroy(&pool->done);
+  pthread_mutex_destroy(&pool->lock);
+  pthread_mutex_destroy(&pool->submit);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* runtime and contexts                                                                       */
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *,
+                         int, float, float *, int);
+typedef void (*dgemm_fn)(int, int, int, int, int, int, double, const double *, int,
+                         const double *, int, double, double *, int);
+
+struct ral_runtime {
+  allocator alloc;
+  thread_pool pool;
+  void *blas;
+  sgemm_fn sgemm;
+  dgemm_fn dgemm;
+};
+
+struct ral_context {
+  ral_runtime *rt;
+  void **buffers;
+  size_t num_buffers, cap_buffers;
+  ral_status status;
+  char message[512];
+};
+
+static _Thread_local char create_error[512];
+
+const char *ral_runtime_create_error(void) { return create_error; }
+
+ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out) {
+  *out = NULL;
+  create_error[0] = 0;
+  ral_runtime *rt = calloc(1, sizeof(*rt));
+  if (!rt) {
+    snprintf(create_error, sizeof create_error, "out of memory creating the runtime");
+    return RAL_ERR_OUT_OF_MEMORY;
+  }
+  pthread_mutex_init(&rt->alloc.lock, NULL);
+  if (blas_path && blas_path[0]) {
+    rt->blas = dlopen(blas_path, RTLD_NOW | RTLD_LOCAL);
+    if (!rt->blas) {
+      snprintf(create_error, sizeof create_error, "cannot load BLAS '%s': %s", blas_path, dlerror());
+      pthread_mutex_destroy(&rt->alloc.lock);
+      free(rt);
+      return RAL_ERR_UNAVAILABLE;
+    }
+    rt->sgemm = (sgemm_fn)dlsym(rt->blas, "scipy_cblas_sgemm");
+    if (!rt->sgemm) rt->sgemm = (sgemm_fn)dlsym(rt->blas, "cblas_sgemm");
+    rt->dgemm = (dgemm_fn)dlsym(rt->blas, "scipy_cblas_dgemm");
+    if (!rt->dgemm) rt->dgemm = (dgemm_fn)dlsym(rt->blas, "cblas_dgemm");
+  }
+  if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (num_threads < 1) num_threads = 1;
+  /* the calling thread works too, so the pool holds one thread fewer */
+  if (!pool_start(&rt->pool, num_threads - 1)) {
+    snprintf(create_error, sizeof create_error, "cannot start the thread pool");
+    ral_runtime_destroy(rt);
+    return RAL_ERR_INTERNAL;
+  }
+  *out = rt;
+  return RAL_OK;
+}
+
+void ral_runtime_destroy(ral_runtime *rt) {
+  if (!rt) return;
+  if (rt->pool.workers) pool_stop(&rt->pool);
+  allocator_release_all(&rt->alloc);
+  pthread_mutex_destroy(&rt->alloc.lock);
+  if (rt->blas) dlclose(rt->blas);
+  free(rt);
+}
+
+int ral_runtime_num_threads(const ral_runtime *rt) { return rt->pool.num_workers + 1; }
+
+void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out) {
+  pthread_mutex_lock(&rt->alloc.lock);
+  *out = rt->alloc.stats;
+  pthread_mutex_unlock(&rt->alloc.lock);
+}
+
+ral_status ral_context_create(ral_runtime *rt, ral_context **out) {
+  *out = calloc(1, sizeof(ral_context));
+  if (!*out) return RAL_ERR_OUT_OF_MEMORY;
+  (*out)->rt = rt;
+  return RAL_OK;
+}
+
+void ral_context_destroy(ral_context *ctx) {
+  if (!ctx) return;
+  for (size_t i = 0; i < ctx->num_buffers; i++) allocator_put(&ctx->rt->alloc, ctx->buffers[i]);
+  free(ctx->buffers);
+  free(ctx);
+}
+
+ral_context *ral_context_enter(ral_context *ctx) {
+  ral_context *prev = tls_context;
+  tls_context = ctx;
+  return prev;
+}
+
+ral_status ral_context_status(const ral_context *ctx) { return ctx->status; }
+const char *ral_context_message(const ral_context *ctx) { return ctx->message; }
+
+void ral_context_fail(ral_context *ctx, ral_status status, const char *message) {
+  if (!ctx || ctx->status != RAL_OK) return;
+  ctx->status = status;
+  snprintf(ctx->message, sizeof ctx->message, "%s", message);
+}
+
+static int context_record(ral_context *ctx, void *ptr) {
+  if (ctx->num_buffers == ctx->cap_buffers) {
+    size_t cap = ctx->cap_buffers ? 2 * ctx->cap_buffers : 16;
+    void **grown = realloc(ctx->buffers, cap * sizeof(void *));
+    if (!grown) return 0;
+    ctx->buffers = grown;
+    ctx->cap_buffers = cap;
+  }
+  ctx->buffers[ctx->num_buffers++] = ptr;
+  return 1;
+}
+
+int ral_context_take(ral_context *ctx, void *ptr) {
+  for (size_t i = ctx->num_buffers; i-- > 0;) {
+    if (ctx->buffers[i] == ptr) {
+      ctx->buffers[i] = ctx->buffers[--ctx->num_buffers];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void ral_buffer_free(ral_runtime *rt, void *ptr) { allocator_put(&rt->alloc, ptr); }
+
+void *ral_alloc(ral_context *ctx, size_t bytes) {
+  void *ptr = allocator_get(&ctx->rt->alloc, bytes ? bytes : 1);
+  if (!ptr) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "out of memory allocating %zu bytes", bytes);
+    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, msg);
+    return NULL;
+  }
+  if (!context_record(ctx, ptr)) {
+    allocator_put(&ctx->rt->alloc, ptr);
+    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, "out of memory recording a buffer");
+    return NULL;
+  }
+  return ptr;
+}
+
+void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int64_t begin,
+                      int64_t end, int64_t grain) {
+  if (end <= begin) return;
+  if (grain < 1) grain = 1;
+  thread_pool *pool = &ctx->rt->pool;
+  if (tls_in_pool || pool->num_workers == 0 || end - begin <= grain) {
+    body(data, begin, end);
+    return;
+  }
+  int64_t per_thread = (end - begin + pool->num_workers) / (pool->num_workers + 1);
+  if (grain < per_thread / 4) grain = per_thread / 4 > 0 ? per_thread / 4 : 1;
+  parallel_job job = {.body = body, .data = data, .ctx = ctx, .end = end, .grain = grain};
+  atomic_init(&job.next, begin);
+  atomic_init(&job.pending_workers, pool->num_workers);
+  pthread_mutex_lock(&pool->submit);
+  pthread_mutex_lock(&pool->lock);
+  pool->job = &job;
+  pool->generation++;
+  pthread_cond_broadcast(&pool->wake);
+  pthread_mutex_unlock(&pool->lock);
+  int was_in_pool = tls_in_pool;
+  tls_in_pool = 1; /* nested parallel loops in the caller's chunks run inline */
+  run_chunks(&job);
+  tls_in_pool = was_in_pool;
+  pthread_mutex_lock(&pool->lock);
+  while (atomic_load(&job.pending_workers) > 0) pthread_cond_wait(&pool->done, &pool->lock);
+  pool->job = NULL;
+  pthread_mutex_unlock(&pool->lock);
+  pthread_mutex_unlock(&pool->submit);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* hooks for generated code                                                                   */
+
+void *_mlir_memref_to_llvm_alloc(size_t bytes) {
+  if (!tls_context) return NULL;
+  return ral_alloc(tls_context, bytes);
+}
+
+void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes) {
+  (void)alignment; /* every RAL buffer is 64-byte aligned */
+  return _mlir_memref_to_llvm_alloc(bytes);
+}
+
+/* Buffers live until the end of the call (or are taken as results); a free from generated
+ * code returns a block early only when the current context owns it. */
+void _mlir_memref_to_llvm_free(void *ptr) {
+  if (tls_context && ptr && ral_context_take(tls_context, ptr)) ral_buffer_free(tls_context->rt, ptr);
+}
+
+void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_memref *dst) {
+  /* descriptor: allocated, aligned, offset, sizes[rank], strides[rank] */
+  int64_t rank = src->rank;
+  char **sp = src->descriptor, **dp = dst->descriptor;
+  char *s = sp[1], *d = dp[1];
+  const int64_t *sm = (const int64_t *)(sp + 2), *dm = (const int64_t *)(dp + 2);
+  const int64_t *sizes = sm + 1, *s_strides = sm + 1 + rank, *d_strides = dm + 1 + rank;
+  s += sm[0] * element_size;
+  d += dm[0] * element_size;
+  int64_t total = 1;
+  for (int64_t i = 0; i < rank; i++) total *= sizes[i];
+  if (total == 0) return;
+  int64_t index[16] = {0};
+  if (rank > 16) {
+    ral_context_fail(tls_context, RAL_ERR_INVALID_ARGUMENT, "memrefCopy: rank above 16");
+    return;
+  }
+  for (int64_t n = 0; n < total; n++) {
+    int64_t so = 0, doff = 0;
+    for (int64_t i = 0; i < rank; i++) {
+      so += index[i] * s_strides[i];
+      doff += index[i] * d_strides[i];
+    }
+    memcpy(d + doff * element_size, s + so * element_size, (size_t)element_size);
+    for (int64_t i = rank - 1; i >= 0; i--) {
+      if (++index[i] < sizes[i]) break;
+      index[i] = 0;
+    }
+  }
+}
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+
+/* BLAS wants a unit stride in one of the two dims of each operand: pick the layout flag. */
+static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t cols, int *trans,
+                       int64_t *ld) {
+  if (s_cols == 1 || cols == 1) {
+    *trans = NO_TRANS;
+    *ld = s_rows > cols ? s_rows : (cols > 0 ? cols : 1);
+    return 1;
+  }
+  if (s_rows == 1 || rows == 1) {
+    *trans = TRANS;
+    *ld = s_cols > rows ? s_cols : (rows > 0 ? rows : 1);
+    return 1;
+  }
+  return 0;
+}
+
+#define DEFINE_GEMM(NAME, T, FIELD)                                                              \
+  void NAME(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b,           \
+            int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k, int64_t sb_n,   \
+            T *c) {                                                                              \
+    ral_context *ctx = tls_context;                                                              \
+    if (!ctx || !ctx->rt->FIELD) {                                                               \
+      ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, #NAME ": no BLAS loaded in the runtime");       \
+      return;                                                                                    \
+    }                                                                                            \
+    if (m == 0 || n == 0) return;                                                                \
+    if (k == 0) {                                                                                \
+      memset(c, 0, (size_t)(batch * m * n) * sizeof(T));                                         \
+      return;                                                                                    \
+    }                                                                                            \
+    int ta, tb;                                                                                  \
+    int64_t lda, ldb;                                                                            \
+    if (!blas_layout(sa_m, sa_k, m, k, &ta, &lda) || !blas_layout(sb_k, sb_n, k, n, &tb, &ldb)) { \
+      ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": operand has no unit stride");     \
+      return;                                                                                    \
+    }                                                                                            \
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX) {  \
+      ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": dims exceed the 32-bit BLAS");     \
+      return;                                                                                    \
+    }                                                                                            \
+    for (int64_t i = 0; i < batch; i++)                                                          \
+      ctx->rt->FIELD(ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1, a + i * sa_b, (int)lda,        \
+                     b + i * sb_b, (int)ldb, 0, c + i * m * n, (int)n);                          \
+  }
+
+DEFINE_GEMM(disc_ral_gemm_f32, float, sgemm)
+DEFINE_GEMM(disc_ral_gemm_f64, double, dgemm)

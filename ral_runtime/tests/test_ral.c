@@ -1,0 +1,163 @@
+/* Tests of the RAL's C API: allocator, contexts, thread pool, GEMM. Usage: test_ral [blas.so] */
+#include "ral/ral.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0, checks = 0;
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    checks++;                                                                \
+    if (!(cond)) {                                                           \
+      failures++;                                                            \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                        \
+  } while (0)
+
+static void test_allocator_reuse_and_take(ral_runtime *rt) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  char *a = ral_alloc(ctx, 1000);
+  CHECK(a != NULL && ((uintptr_t)a % 64) == 0);
+  memset(a, 1, 1000);
+  char *b = ral_alloc(ctx, 1000);
+  CHECK(b != NULL && b != a);
+  CHECK(ral_context_take(ctx, b) == 1);
+  CHECK(ral_context_take(ctx, b) == 0); /* taken already */
+  int on_stack;
+  CHECK(ral_context_take(ctx, &on_stack) == 0);
+  ral_context_destroy(ctx); /* frees a, keeps b */
+  ral_memory_stats st;
+  ral_runtime_memory_stats(rt, &st);
+  CHECK(st.bytes_in_use == 1000);
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  char *c = ral_alloc(ctx, 900); /* same size class: comes from the cache */
+  CHECK(c == a);
+  ral_context_destroy(ctx);
+  ral_buffer_free(rt, b);
+  ral_runtime_memory_stats(rt, &st);
+  CHECK(st.bytes_in_use == 0);
+  CHECK(st.cache_hits >= 1);
+  CHECK(st.peak_bytes >= 2000);
+}
+
+static void test_generated_code_hooks(ral_runtime *rt) {
+  CHECK(_mlir_memref_to_llvm_alloc(16) == NULL); /* no current context */
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  CHECK(prev == NULL);
+  void *p = _mlir_memref_to_llvm_aligned_alloc(128, 100);
+  CHECK(p != NULL && ((uintptr_t)p % 64) == 0);
+  _mlir_memref_to_llvm_free(p);
+  CHECK(ral_context_take(ctx, p) == 0); /* freed already */
+  ral_context_enter(prev);
+  CHECK(ral_context_status(ctx) == RAL_OK);
+  ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, "first");
+  ral_context_fail(ctx, RAL_ERR_INTERNAL, "second");
+  CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT);
+  CHECK(strcmp(ral_context_message(ctx), "first") == 0);
+  ral_context_destroy(ctx);
+}
+
+typedef struct {
+  int64_t *out;
+} fill_data;
+
+static void fill_body(void *data, int64_t lo, int64_t hi) {
+  fill_data *d = data;
+  for (int64_t i = lo; i < hi; i++) d->out[i] += i * 2;
+}
+
+static void test_parallel_for(ral_runtime *rt) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  enum { N = 100003 };
+  int64_t *out = calloc(N, sizeof(int64_t));
+  fill_data d = {out};
+  for (int rep = 0; rep < 20; rep++) ral_parallel_for(ctx, fill_body, &d, 0, N, 7);
+  int ok = 1;
+  for (int64_t i = 0; i < N; i++) ok &= out[i] == 40 * i;
+  CHECK(ok);
+  ral_parallel_for(ctx, fill_body, &d, 5, 5, 1); /* empty range */
+  free(out);
+  ral_context_destroy(ctx);
+}
+
+typedef struct {
+  ral_runtime *rt;
+  int ok;
+} thread_arg;
+
+static void *concurrent_caller(void *p) {
+  thread_arg *t = p;
+  ral_context *ctx;
+  ral_context_create(t->rt, &ctx);
+  int64_t *out = ral_alloc(ctx, 5000 * sizeof(int64_t));
+  memset(out, 0, 5000 * sizeof(int64_t));
+  fill_data d = {out};
+  for (int rep = 0; rep < 50; rep++) ral_parallel_for(ctx, fill_body, &d, 0, 5000, 16);
+  t->ok = 1;
+  for (int64_t i = 0; i < 5000; i++) t->ok &= out[i] == 100 * i;
+  ral_context_destroy(ctx);
+  return NULL;
+}
+
+static void test_threads_share_runtime(ral_runtime *rt) {
+  pthread_t th[4];
+  thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (thread_arg){rt, 0};
+    pthread_create(&th[i], NULL, concurrent_caller, &args[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(args[i].ok);
+  }
+}
+
+static void test_gemm(ral_runtime *rt, int have_blas) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  /* 2 batches of [3x4] x [4x5]; B given transposed (stride 1 along k) */
+  float a[2 * 3 * 4], bt[2 * 5 * 4], c[2 * 3 * 5];
+  for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
+  for (int i = 0; i < 40; i++) bt[i] = (float)(i % 5) * 0.5f;
+  disc_ral_gemm_f32(2, 3, 5, 4, a, 12, 4, 1, bt, 20, 1, 4, c);
+  if (have_blas) {
+    CHECK(ral_context_status(ctx) == RAL_OK);
+    int ok = 1;
+    for (int bi = 0; bi < 2; bi++)
+      for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 5; j++) {
+          float ref = 0;
+          for (int k = 0; k < 4; k++) ref += a[bi * 12 + i * 4 + k] * bt[bi * 20 + j * 4 + k];
+          ok &= c[bi * 15 + i * 5 + j] == ref;
+        }
+    CHECK(ok);
+  } else {
+    CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
+  }
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+  const char *blas = argc > 1 ? argv[1] : NULL;
+  ral_runtime *rt;
+  CHECK(ral_runtime_create("/nonexistent/libblas.so", 2, &rt) == RAL_ERR_UNAVAILABLE);
+  CHECK(rt == NULL && strstr(ral_runtime_create_error(), "cannot load BLAS") != NULL);
+  CHECK(ral_runtime_create(blas, 3, &rt) == RAL_OK);
+  CHECK(ral_runtime_num_threads(rt) == 3);
+  test_allocator_reuse_and_take(rt);
+  test_generated_code_hooks(rt);
+  test_parallel_for(rt);
+  test_threads_share_runtime(rt);
+  test_gemm(rt, blas != NULL);
+  ral_runtime_destroy(rt);
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures != 0;
+}

@@ -1,0 +1,62 @@
+"""Shared helpers: compile a JAX function ONCE with symbolic dims and compare it with jax.jit at
+several concrete shapes."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax import export
+
+import disc_stablehlo as disc
+
+jax.config.update("jax_enable_x64", True)
+
+
+def random_array(shape, dtype, rng):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        lo = 0 if np.issubdtype(dtype, np.unsignedinteger) else -20
+        return rng.integers(lo, 20, size=shape).astype(dtype)
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def specs_for(shapes_and_dtypes, dim_names: str):
+    """('b, s', [(('b', 's', 4), np.float32), ...]) -> ShapeDtypeStructs with symbolic dims."""
+    syms = dict(zip([n.strip() for n in dim_names.split(",")], export.symbolic_shape(dim_names)))
+    return [jax.ShapeDtypeStruct(tuple(syms[d] if isinstance(d, str) else d for d in shape), dtype)
+            for shape, dtype in shapes_and_dtypes]
+
+
+def concrete(shape, env):
+    return tuple(env[d] if isinstance(d, str) else d for d in shape)
+
+
+def check_against_jax(fn, args, dim_names: str, envs, rtol=1e-5, atol=1e-5, make_inputs=None):
+    """Compiles `fn` once and checks it against jax.jit at each dim assignment in `envs`."""
+    compiled = disc.compile(fn, *specs_for(args, dim_names))
+    ref = jax.jit(fn)
+    rng = np.random.default_rng(0)
+    for env in envs:
+        if make_inputs is not None:
+            inputs = make_inputs(env, rng)
+        else:
+            inputs = [random_array(concrete(shape, env), dtype, rng) for shape, dtype in args]
+        got = compiled(*inputs)
+        want = ref(*inputs)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            w = np.asarray(w)
+            assert g.shape == w.shape, f"shape {g.shape} != {w.shape} at {env}"
+            assert g.dtype == w.dtype, f"dtype {g.dtype} != {w.dtype} at {env}"
+            np.testing.assert_allclose(np.asarray(g, dtype=w.dtype), w, rtol=rtol, atol=atol, err_msg=f"at {env}")
+    assert compiled.compile_count == 1
+    return compiled
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
