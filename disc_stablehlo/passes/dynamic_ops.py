@@ -62,6 +62,21 @@ def _index_to(t: Text, v: str, elem: str, lines: list[str]) -> str:
     return n
 
 
+@register_template("stablehlo.reverse")
+def _reverse(op, t: Text, state):
+    flipped = set(_ints(op, "dimensions"))
+    dims = t.dims("%a0", op.operands[0].type)
+    body, index = [], []
+    for d in range(_rank(op.result)):
+        if d in flipped:
+            body.append(f"%r{d} = arith.subi {t(f'arith.subi {dims[d]}, {t.const(1)} : index')}, %i{d} : index")
+            index.append(f"%r{d}")
+        else:
+            index.append(f"%i{d}")
+    body.append(f"%e = tensor.extract %a0[{', '.join(index)}] : {op.operands[0].type}")
+    return [_generic(t, op.result.type, dims, body, "%e")]
+
+
 @register_template("stablehlo.get_dimension_size")
 def _get_dimension_size(op, t: Text, state):
     d = t.dim("%a0", op.operands[0].type, ir.IntegerAttr(op.attributes["dimension"]).value)
@@ -176,31 +191,36 @@ def _static_pad(op, t: Text, state):
     return [_pad(t, op, lows, highs, interiors)]
 
 
+def _static_or(value: ir.Value, i: int, dynamic: str) -> str:
+    """A slice size: the literal when the type knows it (the op's types must agree)."""
+    t = ir.RankedTensorType(value.type)
+    return dynamic if t.is_dynamic_dim(i) else str(t.shape[i])
+
+
+def _clamped_starts(t: Text, op, first: int, in_dims: list[str], sizes: list[str]) -> list[str]:
+    """Start indices (scalar tensors from operand `first` on) clamped so the slice fits."""
+    return [t.clamp(t.extract_index(f"%a{first + i}", op.operands[first + i].type), t.const(0),
+                    t(f"arith.subi {in_dims[i]}, {sizes[i]} : index")) for i in range(len(in_dims))]
+
+
 @register_template("stablehlo.dynamic_update_slice")
 def _dynamic_update_slice(op, t: Text, state):
     operand, update = op.operands[0], op.operands[1]
-    rank = _rank(operand)
     in_dims, up_dims = t.dims("%a0", operand.type), t.dims("%a1", update.type)
-    offs = []
-    for i in range(rank):
-        start = t.extract_index(f"%a{2 + i}", op.operands[2 + i].type)
-        offs.append(t.clamp(start, t.const(0), t(f"arith.subi {in_dims[i]}, {up_dims[i]} : index")))
-    ones = ", ".join(t.const(1) for _ in range(rank))
-    return [t(f"tensor.insert_slice %a1 into %a0[{', '.join(offs)}] [{', '.join(up_dims)}] [{ones}] : {update.type} into {operand.type}")]
+    offs = _clamped_starts(t, op, 2, in_dims, up_dims)
+    sizes = ", ".join(_static_or(update, i, d) for i, d in enumerate(up_dims))
+    ones = ", ".join("1" for _ in up_dims)
+    return [t(f"tensor.insert_slice %a1 into %a0[{', '.join(offs)}] [{sizes}] [{ones}] : {update.type} into {operand.type}")]
 
 
 @register_template("stablehlo.dynamic_slice")
 def _dynamic_slice(op, t: Text, state):
     operand = op.operands[0]
-    rank = _rank(operand)
     sizes = _ints(op, "slice_sizes")
     in_dims = t.dims("%a0", operand.type)
-    offs = []
-    for i in range(rank):
-        start = t.extract_index(f"%a{1 + i}", op.operands[1 + i].type)
-        offs.append(t.clamp(start, t.const(0), t(f"arith.subi {in_dims[i]}, {t.const(sizes[i])} : index")))
-    ones = ", ".join(t.const(1) for _ in range(rank))
-    return [t(f"tensor.extract_slice %a0[{', '.join(offs)}] [{', '.join(t.const(s) for s in sizes)}] [{ones}] : {operand.type} to {op.result.type}")]
+    offs = _clamped_starts(t, op, 1, in_dims, [t.const(s) for s in sizes])
+    ones = ", ".join("1" for _ in sizes)
+    return [t(f"tensor.extract_slice %a0[{', '.join(offs)}] [{', '.join(map(str, sizes))}] [{ones}] : {operand.type} to {op.result.type}")]
 
 
 @register_template("stablehlo.gather", "stablehlo.dynamic_gather")

@@ -44,12 +44,16 @@ def _as_3d(t: Text, value: str, vtype: ir.Type, perm: list[int], groups: list[li
     return t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>"), sizes
 
 
-@register_rewrite("stablehlo.dot_general")
+def _is_blas_dot(op: ir.Operation) -> bool:
+    """f32/f64 dots go to the BLAS; other element types to the upstream conversion's loops."""
+    types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}
+    return len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys()
+
+
+@register_rewrite("stablehlo.dot_general", when=_is_blas_dot)
 def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     elem = str(ir.RankedTensorType(op.result.type).element_type)
     lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in op.operands)
-    if elem not in GEMM_ELEMENT_TYPES or str(lhs_t.element_type) != elem or str(rhs_t.element_type) != elem:
-        return  # other element types: the upstream conversion's loops
     dn = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
     lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
     rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
@@ -76,6 +80,6 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     shape = t(f"tensor.from_elements {', '.join(out_dims)} : tensor<{out_t.rank}xindex>")
     result = t(f"tensor.reshape {c}({shape}) : ({dyn3}, tensor<{out_t.rank}xindex>) -> {out_t}")
     t.emit(f"return {result} : {out_t}")
+    t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     name = state.fresh_symbol("gemm")
-    declaration = f"func.func private @{fn}{sig.replace(' -> ()', '')}"
-    state.replace_with_call(op, declaration + "\n" + t.function(name, op), name)
+    state.replace_with_call(op, t.function(name, op), name)

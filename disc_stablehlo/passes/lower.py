@@ -17,21 +17,25 @@ from ..errors import UnsupportedOpError
 from ..mlir_support import describe, walk
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
-_REWRITES: dict[str, Rewrite] = {}
+Predicate = Callable[[ir.Operation], bool]
+_REWRITES: dict[str, tuple[Rewrite, Predicate]] = {}
 
 
-def register_rewrite(*op_names: str) -> Callable[[Rewrite], Rewrite]:
+def register_rewrite(*op_names: str, when: Predicate = lambda op: True) -> Callable[[Rewrite], Rewrite]:
+    """Registers a rewrite for ops of these names, for the instances `when` accepts (the
+    others are left to the upstream conversion)."""
     def deco(fn: Rewrite) -> Rewrite:
         for name in op_names:
             if name in _REWRITES:
                 raise ValueError(f"a rewrite for {name} is registered already")
-            _REWRITES[name] = fn
+            _REWRITES[name] = (fn, when)
         return fn
     return deco
 
 
 def applies(op: ir.Operation) -> Rewrite | None:
-    return _REWRITES.get(op.name)
+    rewrite, when = _REWRITES.get(op.name, (None, None))
+    return rewrite if rewrite is not None and when(op) else None
 
 
 class LoweringState:
@@ -56,10 +60,11 @@ class LoweringState:
                 self.declared.add(name)
                 op.operation.move_before(self.module.body.operations[0])
 
-    def region_function(self, region: ir.Region, stem: str) -> str:
+    def region_function(self, region: ir.Region, stem: str, text: "Text") -> str:
         """Moves a StableHLO region (scalar-tensor arguments, `stablehlo.return`) into a new
-        private function and returns its name; the region is left empty."""
+        private function, declares it in `text`, and returns its name."""
         name = self.fresh_symbol(stem)
+        self.declared.add(name)
         block = region.blocks[0]
         arg_types = [a.type for a in block.arguments]
         ret = block.operations[len(block.operations) - 1]
@@ -74,9 +79,11 @@ class LoweringState:
             old.replace_all_uses_with(new)
         move_ops(block, new_block)
         last = new_block.operations[len(new_block.operations) - 1]
-        with ir.InsertionPoint(new_block), last.location:
+        with ir.InsertionPoint(last), last.location:
             ir.Operation.create("func.return", operands=list(last.operands))
         last.erase()
+        ins, outs = ", ".join(map(str, arg_types)), ", ".join(map(str, result_types))
+        text.declarations.append(f"func.func private @{name}({ins}) -> ({outs})")
         return name
 
     def replace_with_call(self, op: ir.Operation, function_text: str, name: str) -> None:
@@ -100,8 +107,10 @@ class Text:
 
     def __init__(self):
         self.lines: list[str] = []
+        self._constants: list[str] = []  # at the top of the function: they dominate every region
         self._n = 0
         self._consts: dict[tuple[str, str], str] = {}
+        self.declarations: list[str] = []  # functions the body calls (parsed along with it)
 
     def fresh(self, stem: str = "v") -> str:
         self._n += 1
@@ -118,7 +127,10 @@ class Text:
     def const(self, value: int | float | str, type_: str = "index") -> str:
         key = (str(value), type_)
         if key not in self._consts:
-            self._consts[key] = self(f"arith.constant {value} : {type_}", "c")
+            name = self.fresh("c")
+            literal = str(value) if value in ("true", "false") else f"{value} : {type_}"
+            self._constants.append(f"{name} = arith.constant {literal}")
+            self._consts[key] = name
         return self._consts[key]
 
     def dim(self, value: str, type_: ir.Type, i: int) -> str:
@@ -151,13 +163,14 @@ class Text:
     def function(self, name: str, op: ir.Operation) -> str:
         params = ", ".join(f"%a{i}: {v.type}" for i, v in enumerate(op.operands))
         results = ", ".join(str(r.type) for r in op.results)
-        return f"func.func private @{name}({params}) -> ({results}) {{\n  " + "\n  ".join(self.lines) + "\n}"
+        body = "\n  ".join(self._constants + self.lines)
+        return "\n".join(self.declarations + [f"func.func private @{name}({params}) -> ({results}) {{\n  {body}\n}}"])
 
 
 Template = Callable[[ir.Operation, Text, "LoweringState"], list[str]]
 
 
-def register_template(*op_names: str) -> Callable[[Template], Template]:
+def register_template(*op_names: str, when: Predicate = lambda op: True) -> Callable[[Template], Template]:
     """Registers a text template: `fn(op, text, state)` appends body lines to `text` and
     returns the values to return."""
     def deco(fn: Template) -> Template:
@@ -168,7 +181,7 @@ def register_template(*op_names: str) -> Callable[[Template], Template]:
             text.emit(f"return {', '.join(results)} : {types}" if results else "return")
             name = state.fresh_symbol(op.name.split(".")[-1])
             state.replace_with_call(op, text.function(name, op), name)
-        register_rewrite(*op_names)(rewrite)
+        register_rewrite(*op_names, when=when)(rewrite)
         return fn
     return deco
 

@@ -13,7 +13,7 @@ from ..bounded_dynamism import extract_guard
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
-from . import control_flow, dynamic_ops, library_calls  # noqa: F401  (register their rewrites)
+from . import control_flow, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .lower import lower_module
 from .ops import DIALECTS_LEFT_TO_UPSTREAM
 
@@ -21,7 +21,8 @@ FLATTEN = "inline, symbol-dce"
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse"
-BUFFERIZE = "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map}, canonicalize"
+BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
+             "allow-return-allocs-from-loops}, canonicalize")
 TO_LOOPS = "func.func(convert-linalg-to-loops), canonicalize"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",

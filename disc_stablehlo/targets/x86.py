@@ -24,7 +24,7 @@ _SPECIAL_FLOATS = {
     ("half", "inf"): "0xH7C00", ("half", "-inf"): "0xHFC00", ("half", "nan"): "0xH7E00",
     ("bfloat", "inf"): "0xR7F80", ("bfloat", "-inf"): "0xRFF80", ("bfloat", "nan"): "0xR7FC0",
 }
-_SPECIAL_FLOAT_RE = re.compile(r"\b(float|double|half|bfloat) ([+-]?)(inf|nan)\b")
+_SPECIAL_FLOAT_RE = re.compile(r"\b(float|double|half|bfloat) ([+-]?)(inf|q?nan)\b")
 
 
 _FLOAT_BITS_RE = re.compile(r"\bf0x([0-9A-Fa-f]{8})\b")
@@ -38,7 +38,7 @@ def _double_hex(value: float) -> str:
 def _classic_float_literals(llvm_ir: str) -> str:
     def special(m: re.Match) -> str:
         sign = "-" if m.group(2) == "-" and m.group(3) == "inf" else ""
-        return f"{m.group(1)} {_SPECIAL_FLOATS[(m.group(1), sign + m.group(3))]}"
+        return f"{m.group(1)} {_SPECIAL_FLOATS[(m.group(1), sign + m.group(3).lstrip('q'))]}"
 
     def bits(m: re.Match) -> str:
         return _double_hex(struct.unpack("<f", struct.pack("<I", int(m.group(1), 16)))[0])

@@ -1,0 +1,206 @@
+"""Templates for ops that carry a computation region (scatter, sort, reduce_window): the region
+becomes a private function on 0-d tensors, called from scf loops that walk the elements."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+from torch_mlir._mlir_libs import _stablehlo
+
+from .dynamic_ops import _elem, _ints, _rank
+from .lower import LoweringState, Text, register_template
+
+
+class Loops:
+    """A nest of scf.for loops with tensor iter_args, written as text."""
+
+    def __init__(self, t: Text, bounds: list[str], carried: list[tuple[str, str]]):
+        self.t, self.ivs = t, []
+        self.carried_types = [ty for _, ty in carried]
+        current = [v for v, _ in carried]
+        self.results: list[str] = []
+        self.closers: list[tuple[list[str], list[str]]] = []  # (result names, inner carried names)
+        for ub in bounds:
+            iv, names = t.fresh("iv"), [t.fresh("acc") for _ in carried]
+            res = t.fresh("loop")
+            iters = ", ".join(f"{n} = {c}" for n, c in zip(names, current))
+            t.emit(f"{res}:{len(carried)} = scf.for {iv} = {t.const(0)} to {ub} step {t.const(1)} iter_args({iters}) -> ({', '.join(self.carried_types)}) {{")
+            self.ivs.append(iv)
+            self.closers.append(([f"{res}#{i}" for i in range(len(carried))], names))
+            current = names
+        self.inner = current
+        self.outer_results = self.closers[0][0] if self.closers else current
+
+    def close(self, yielded: list[str]) -> list[str]:
+        types = ", ".join(self.carried_types)
+        for results, _ in reversed(self.closers):
+            self.t.emit(f"scf.yield {', '.join(yielded)} : {types}")
+            self.t.emit("}")
+            yielded = results
+        return yielded
+
+
+def _call_region(t: Text, fn: str, scalars: list[tuple[str, str]], result_elems: list[str]) -> list[str]:
+    """Calls a region function on scalars (wrapped as 0-d tensors) and returns scalars."""
+    args = [t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in scalars]
+    types = ", ".join(f"tensor<{e}>" for _, e in scalars)
+    outs = ", ".join(f"tensor<{e}>" for e in result_elems)
+    res = t.fresh("call")
+    t.emit(f"{res}:{len(result_elems)} = func.call @{fn}({', '.join(args)}) : ({types}) -> ({outs})")
+    return [t(f"tensor.extract {res}#{i}[] : tensor<{e}>") for i, e in enumerate(result_elems)]
+
+
+def _if(t: Text, cond: str, types: list[str], then_body, else_values: list[str]) -> list[str]:
+    res = t.fresh("if")
+    t.emit(f"{res}:{len(types)} = scf.if {cond} -> ({', '.join(types)}) {{")
+    t.emit(f"scf.yield {', '.join(then_body())} : {', '.join(types)}")
+    t.emit("} else {")
+    t.emit(f"scf.yield {', '.join(else_values)} : {', '.join(types)}")
+    t.emit("}")
+    return [f"{res}#{i}" for i in range(len(types))]
+
+
+def _all(t: Text, conds: list[str]) -> str:
+    acc = t.const("true", "i1")
+    for c in conds:
+        acc = t(f"arith.andi {acc}, {c} : i1")
+    return acc
+
+
+def _in_range(t: Text, v: str, hi: str) -> str:
+    return t(f"arith.andi {t(f'arith.cmpi sge, {v}, {t.const(0)} : index')}, {t(f'arith.cmpi slt, {v}, {hi} : index')} : i1")
+
+
+@register_template("stablehlo.scatter")
+def _scatter(op, t: Text, state: LoweringState):
+    n = len(op.results)
+    inputs, indices, updates = op.operands[:n], op.operands[n], op.operands[n + 1:]
+    dn = _stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    window_dims, inserted = list(dn.update_window_dims), set(dn.inserted_window_dims)
+    in_batch, idx_batch = list(dn.input_batching_dims), list(dn.scatter_indices_batching_dims)
+    to_operand, ivd = list(dn.scattered_dims_to_operand_dims), dn.index_vector_dim
+    fn = state.region_function(op.regions[0], "scatter_body", t)
+    rank_in, rank_idx, rank_up = _rank(inputs[0]), _rank(indices), _rank(updates[0])
+    in_dims = t.dims("%a0", inputs[0].type)
+    up_dims = t.dims(f"%a{n + 1}", updates[0].type)
+    loops = Loops(t, up_dims, [(f"%a{i}", str(inputs[i].type)) for i in range(n)])
+    u = loops.ivs
+    scatter_dims = [d for d in range(rank_up) if d not in window_dims]
+    idx_dims = [d for d in range(rank_idx) if d != ivd]  # matched in order with scatter_dims
+
+    def g(idx_dim):
+        return u[scatter_dims[idx_dims.index(idx_dim)]]
+
+    full = [t.const(0)] * rank_in
+    for k, od in enumerate(to_operand):
+        pos = [g(d) if d != ivd else t.const(k) for d in range(rank_idx)] if ivd < rank_idx else [g(d) for d in range(rank_idx)]
+        full[od] = t.extract_index(f"%a{n}", indices.type, pos)
+    for ib, sb in zip(in_batch, idx_batch):
+        full[ib] = g(sb)
+    window_operand_dims = [d for d in range(rank_in) if d not in inserted and d not in in_batch]
+    for od, ud in zip(window_operand_dims, window_dims):
+        full[od] = t(f"arith.addi {full[od]}, {u[ud]} : index")
+    inside = _all(t, [_in_range(t, full[d], in_dims[d]) for d in range(rank_in)])
+    elems = [_elem(v) for v in inputs]
+
+    def apply():
+        cur = [(t(f"tensor.extract {acc}[{', '.join(full)}] : {v.type}"), e) for acc, v, e in zip(loops.inner, inputs, elems)]
+        upd = [(t(f"tensor.extract %a{n + 1 + i}[{', '.join(u)}] : {v.type}"), _elem(v)) for i, v in enumerate(updates)]
+        new = _call_region(t, fn, cur + upd, elems)
+        return [t(f"tensor.insert {x} into {acc}[{', '.join(full)}] : {v.type}") for x, acc, v in zip(new, loops.inner, inputs)]
+    out = _if(t, inside, [str(v.type) for v in inputs], apply, loops.inner)
+    return loops.close(out)
+
+
+@register_template("stablehlo.sort")
+def _sort(op, t: Text, state: LoweringState):
+    """Stable insertion sort along `dimension` (every other index walks in an outer loop)."""
+    n = len(op.operands)
+    dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    fn = state.region_function(op.regions[0], "comparator", t)
+    types = [str(v.type) for v in op.operands]
+    elems = [_elem(v) for v in op.operands]
+    dims = t.dims("%a0", op.operands[0].type)
+    outer = Loops(t, [d for i, d in enumerate(dims) if i != dim], [(f"%a{i}", ty) for i, ty in enumerate(types)])
+    line = Loops(t, [dims[dim]], [(v, ty) for v, ty in zip(outer.inner, types)])
+
+    def at(pos):
+        idx = list(outer.ivs)
+        idx.insert(dim, pos)
+        return ", ".join(idx)
+    # while j > 0 and x[j] < x[j-1]: swap them, j -= 1
+    j, accs = t.fresh("j"), [t.fresh("w") for _ in range(n)]
+    res = t.fresh("while")
+    sig = ", ".join(["index"] + types)
+    t.emit(f"{res}:{n + 1} = scf.while ({j} = {line.ivs[0]}, {', '.join(f'{a} = {v}' for a, v in zip(accs, line.inner))}) : ({sig}) -> ({sig}) {{")
+    positive = t(f"arith.cmpi sgt, {j}, {t.const(0)} : index")
+
+    def less():
+        prev = t(f"arith.subi {j}, {t.const(1)} : index")
+        pairs = []
+        for a, ty, e in zip(accs, types, elems):
+            pairs += [(t(f"tensor.extract {a}[{at(j)}] : {ty}"), e), (t(f"tensor.extract {a}[{at(prev)}] : {ty}"), e)]
+        return _call_region(t, fn, pairs, ["i1"])
+    go = _if(t, positive, ["i1"], less, [t.const("false", "i1")])[0]
+    t.emit(f"scf.condition({go}) {j}, {', '.join(accs)} : {sig}")
+    t.emit("} do {")
+    j2, accs2 = t.fresh("j"), [t.fresh("w") for _ in range(n)]
+    t.emit(f"^bb0({j2}: index, {', '.join(f'{a}: {ty}' for a, ty in zip(accs2, types))}):")
+    prev = t(f"arith.subi {j2}, {t.const(1)} : index")
+    swapped = []
+    for a, ty in zip(accs2, types):
+        x, y = t(f"tensor.extract {a}[{at(j2)}] : {ty}"), t(f"tensor.extract {a}[{at(prev)}] : {ty}")
+        swapped.append(t(f"tensor.insert {x} into {t(f'tensor.insert {y} into {a}[{at(j2)}] : {ty}')}[{at(prev)}] : {ty}"))
+    t.emit(f"scf.yield {prev}, {', '.join(swapped)} : {sig}")
+    t.emit("}")
+    return outer.close(line.close([f"{res}#{i + 1}" for i in range(n)]))
+
+
+@register_template("stablehlo.reduce_window")
+def _reduce_window(op, t: Text, state: LoweringState):
+    n = len(op.results)
+    inputs, inits = op.operands[:n], op.operands[n:]
+    rank = _rank(inputs[0])
+    window = _ints(op, "window_dimensions")
+    strides = _ints(op, "window_strides") or [1] * rank
+    base_dil = _ints(op, "base_dilations") or [1] * rank
+    win_dil = _ints(op, "window_dilations") or [1] * rank
+    padding = _ints(op, "padding") or [0] * (2 * rank)
+    fn = state.region_function(op.regions[0], "window_body", t)
+    elems = [_elem(v) for v in inputs]
+    in_dims = t.dims("%a0", inputs[0].type)
+    rt = ir.RankedTensorType(op.results[0].type)
+    out_dims = []
+    for d in range(rank):
+        if not rt.is_dynamic_dim(d):
+            out_dims.append(t.const(rt.shape[d]))
+            continue
+        last = t(f"arith.subi {in_dims[d]}, {t.const(1)} : index")
+        dilated = t(f"arith.addi {t(f'arith.muli {last}, {t.const(base_dil[d])} : index')}, {t.const(1)} : index")
+        padded = t(f"arith.addi {dilated}, {t.const(padding[2 * d] + padding[2 * d + 1])} : index")
+        span = t(f"arith.subi {padded}, {t.const((window[d] - 1) * win_dil[d] + 1)} : index")
+        count = t(f"arith.addi {t(f'arith.floordivsi {span}, {t.const(strides[d])} : index')}, {t.const(1)} : index")
+        out_dims.append(t(f"arith.maxsi {count}, {t.const(0)} : index"))
+    init_vals = [t(f"tensor.extract %a{n + i}[] : {v.type}") for i, v in enumerate(inits)]
+    outs = [t.empty(r.type, out_dims) for r in op.results]
+    result_types = [str(r.type) for r in op.results]
+    loops = Loops(t, out_dims, list(zip(outs, result_types)))
+    # window positions: one scf.for nest carrying the accumulators as 0-d tensors
+    acc0 = [t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in zip(init_vals, elems)]
+    win = Loops(t, [t.const(w) for w in window], [(a, f"tensor<{e}>") for a, e in zip(acc0, elems)])
+    src, conds = [], []
+    for d in range(rank):
+        base = t(f"arith.muli {loops.ivs[d]}, {t.const(strides[d])} : index")
+        offset = t(f"arith.muli {win.ivs[d]}, {t.const(win_dil[d])} : index")
+        p = t(f"arith.subi {t(f'arith.addi {base}, {offset} : index')}, {t.const(padding[2 * d])} : index")
+        q = t(f"arith.divsi {p}, {t.const(base_dil[d])} : index")
+        on_grid = t(f"arith.cmpi eq, {t(f'arith.remsi {p}, {t.const(base_dil[d])} : index')}, {t.const(0)} : index")
+        conds += [t(f"arith.cmpi sge, {p}, {t.const(0)} : index"), on_grid, t(f"arith.cmpi slt, {q}, {in_dims[d]} : index")]
+        src.append(q)
+    inside = _all(t, conds)
+    vals = _if(t, inside, elems, lambda: [t(f"tensor.extract %a{i}[{', '.join(src)}] : {v.type}") for i, v in enumerate(inputs)], init_vals)
+    accs = [t(f"tensor.extract {a}[] : tensor<{e}>") for a, e in zip(win.inner, elems)]
+    new = _call_region(t, fn, list(zip(accs, elems)) + list(zip(vals, elems)), elems)
+    reduced = win.close([t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in zip(new, elems)])
+    stored = [t(f"tensor.insert {t(f'tensor.extract {r}[] : tensor<{e}>')} into {acc}[{', '.join(loops.ivs)}] : {ty}")
+              for r, e, acc, ty in zip(reduced, elems, loops.inner, result_types)]
+    return loops.close(stored)
