@@ -78,6 +78,7 @@ class LoweringState:
         for old, new in zip(block.arguments, new_block.arguments):
             old.replace_all_uses_with(new)
         move_ops(block, new_block)
+        _clone_captured_constants(func, new_block)
         last = new_block.operations[len(new_block.operations) - 1]
         with ir.InsertionPoint(last), last.location:
             ir.Operation.create("func.return", operands=list(last.operands))
@@ -94,6 +95,29 @@ class LoweringState:
         for old, new in zip(op.results, call.results):
             old.replace_all_uses_with(new)
         op.erase()
+
+
+def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
+    while op is not None:
+        if op == ancestor:
+            return True
+        op = op.parent
+    return False
+
+
+def _clone_captured_constants(func: ir.Operation, block: ir.Block) -> None:
+    """StableHLO regions may use values defined above them (CSE shares constants with the
+    enclosing function); a function may not, so captured constants are cloned in."""
+    for op in walk(func):
+        for i, v in enumerate(op.operands):
+            owner = v.owner
+            if isinstance(owner, ir.Block) or _inside(owner, func):
+                continue
+            if owner.name not in ("stablehlo.constant", "arith.constant"):
+                raise UnsupportedOpError(f"region of {func.attributes['sym_name']} captures {describe(owner)}")
+            with ir.InsertionPoint.at_block_begin(block):
+                clone = owner.clone()
+            op.operands[i] = clone.result
 
 
 def move_ops(src: ir.Block, dst: ir.Block) -> None:

@@ -14,39 +14,42 @@ from ..errors import CompileError
 from . import Target
 
 
-# MLIR's LLVM (newer than llvmlite's) prints special float constants as words (`float -inf`)
-# some float constants as raw bits (`f0x3727C5AC`) and others as shortest decimals that are not
-# exact doubles (`float 2.326820e-02`); llvmlite's parser takes the classic hexadecimal forms
-# (a float constant is written as the double it widens to).
-_SPECIAL_FLOATS = {
-    ("float", "inf"): "0x7FF0000000000000", ("float", "-inf"): "0xFFF0000000000000", ("float", "nan"): "0x7FF8000000000000",
-    ("double", "inf"): "0x7FF0000000000000", ("double", "-inf"): "0xFFF0000000000000", ("double", "nan"): "0x7FF8000000000000",
-    ("half", "inf"): "0xH7C00", ("half", "-inf"): "0xHFC00", ("half", "nan"): "0xH7E00",
-    ("bfloat", "inf"): "0xR7F80", ("bfloat", "-inf"): "0xRFF80", ("bfloat", "nan"): "0xR7FC0",
-}
-_SPECIAL_FLOAT_RE = re.compile(r"\b(float|double|half|bfloat) ([+-]?)(inf|q?nan)\b")
+# MLIR's LLVM (newer than llvmlite's) prints some float constants in forms llvmlite's parser
+# rejects: words (`-inf`, `+qnan`), raw bits (`f0x3727C5AC`), and shortest decimals that are not
+# exact doubles (`2.326820e-02` for a float). Each is rewritten to the classic hexadecimal form
+# of its type, found as the nearest type word before it on the line (`phi float [ -inf, ...]`).
+_LITERAL_RE = re.compile(r"(?<![\w.%@])(?:f0x([0-9A-Fa-f]{8})|([+-]?(?:inf|q?nan))|([+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
+_TYPE_RE = re.compile(r"\b(half|bfloat|float|double)\b")
 
 
-_FLOAT_BITS_RE = re.compile(r"\bf0x([0-9A-Fa-f]{8})\b")
-_FLOAT_DECIMAL_RE = re.compile(r"\bfloat ([-+]?\d+\.\d+(?:e[-+]?\d+)?)\b")
-
-
-def _double_hex(value: float) -> str:
+def _hex_literal(value: float, type_name: str) -> str:
+    if type_name == "half":
+        return f"0xH{struct.unpack('<H', struct.pack('<e', value))[0]:04X}"
+    if type_name == "bfloat":
+        return f"0xR{struct.unpack('<I', struct.pack('<f', value))[0] >> 16:04X}"
+    if type_name == "float":  # written as the double it widens to
+        value = struct.unpack("<f", struct.pack("<f", value))[0]
     return f"0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016X}"
 
 
+def _classic_line(line: str) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1):
+            return _hex_literal(struct.unpack("<f", struct.pack("<I", int(m.group(1), 16)))[0], "double")
+        types = _TYPE_RE.findall(line, 0, m.start())
+        if not types:
+            return m.group(0)
+        word = m.group(2) or m.group(3)
+        value = float(word.replace("q", "")) if m.group(2) else float(word)
+        if m.group(3) and types[-1] == "double":
+            return word
+        return _hex_literal(value, types[-1])
+    return _LITERAL_RE.sub(sub, line)
+
+
 def _classic_float_literals(llvm_ir: str) -> str:
-    def special(m: re.Match) -> str:
-        sign = "-" if m.group(2) == "-" and m.group(3) == "inf" else ""
-        return f"{m.group(1)} {_SPECIAL_FLOATS[(m.group(1), sign + m.group(3).lstrip('q'))]}"
-
-    def bits(m: re.Match) -> str:
-        return _double_hex(struct.unpack("<f", struct.pack("<I", int(m.group(1), 16)))[0])
-
-    def decimal(m: re.Match) -> str:
-        return "float " + _double_hex(struct.unpack("<f", struct.pack("<f", float(m.group(1))))[0])
-    llvm_ir = _SPECIAL_FLOAT_RE.sub(special, llvm_ir)
-    return _FLOAT_DECIMAL_RE.sub(decimal, _FLOAT_BITS_RE.sub(bits, llvm_ir))
+    return "\n".join(_classic_line(line) if not line.lstrip().startswith((";", "!", "source_filename", "target")) else line
+                     for line in llvm_ir.split("\n"))
 
 
 def emit_object(llvm_ir: str, target: Target) -> bytes:

@@ -1,0 +1,148 @@
+"""The user-facing contract beyond numerics: StableHLO inputs, pytrees, JAX in/out, guards and
+errors, thread safety, and no memory growth across calls."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import specs_for
+from jax import export
+
+import disc_stablehlo as disc
+
+DYNAMIC_TEXT = """
+func.func @main(%x: tensor<?x4xf32>, %y: tensor<4xf32>) -> (tensor<?x4xf32>, tensor<?xf32>) {
+  %0 = stablehlo.get_dimension_size %x, dim = 0 : (tensor<?x4xf32>) -> tensor<i32>
+  %1 = stablehlo.reshape %0 : (tensor<i32>) -> tensor<1xi32>
+  %c4 = stablehlo.constant dense<4> : tensor<1xi32>
+  %2 = stablehlo.concatenate %1, %c4, dim = 0 : (tensor<1xi32>, tensor<1xi32>) -> tensor<2xi32>
+  %3 = stablehlo.dynamic_broadcast_in_dim %y, %2, dims = [1] : (tensor<4xf32>, tensor<2xi32>) -> tensor<?x4xf32>
+  %4 = stablehlo.multiply %x, %3 : tensor<?x4xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %5 = stablehlo.reduce(%4 init: %z) applies stablehlo.add across dimensions = [1] : (tensor<?x4xf32>, tensor<f32>) -> tensor<?xf32>
+  return %4, %5 : tensor<?x4xf32>, tensor<?xf32>
+}
+"""
+
+
+def test_stablehlo_text_with_dynamic_dims():
+    g = disc.compile(DYNAMIC_TEXT)
+    y = np.arange(4, dtype=np.float32)
+    for n in (1, 3, 10):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        prod, total = g(x, y)
+        np.testing.assert_allclose(prod, x * y, rtol=1e-6)
+        np.testing.assert_allclose(total, (x * y).sum(1), rtol=1e-5)
+    assert g.compile_count == 1
+
+
+def test_stablehlo_bytecode_and_portable_artifact():
+    from torch_mlir import ir
+    from torch_mlir._mlir_libs import _stablehlo
+
+    from disc_stablehlo.mlir_support import new_context
+
+    text = "func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> { %0 = stablehlo.negate %x : tensor<?xf32>  return %0 : tensor<?xf32> }"
+    with new_context():
+        module = ir.Module.parse(text)
+        artifact = _stablehlo.serialize_portable_artifact_str(str(module), _stablehlo.get_current_version())
+    x = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(disc.compile(artifact)(x), -x)
+
+
+def test_exported_object_and_pytree_outputs():
+    b, = export.symbolic_shape("b")
+    exp = export.export(jax.jit(lambda d: {"sum": d["x"] + d["y"], "neg": -d["x"]}))(
+        {"x": jax.ShapeDtypeStruct((b, 2), jnp.float32), "y": jax.ShapeDtypeStruct((b, 2), jnp.float32)})
+    f = disc.compile(exp)
+    x = np.ones((3, 2), np.float32)
+    out = f({"x": x, "y": 2 * x})
+    assert set(out) == {"sum", "neg"}
+    np.testing.assert_array_equal(out["sum"], 3 * x)
+    np.testing.assert_array_equal(out["neg"], -x)
+
+
+def test_jax_arrays_in_give_jax_arrays_out():
+    f = disc.compile(lambda x: x * 2, *specs_for([(("n",), np.float32)], "n"))
+    out = f(jnp.ones(5, jnp.float32))
+    assert isinstance(out, jax.Array)
+    assert isinstance(f(np.ones(5, np.float32)), np.ndarray)
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    b, s = export.symbolic_shape("b, s", constraints=["s >= 2", "mod(s, 2) == 0"])
+    return disc.compile(lambda x, y: x + y.sum(), jax.ShapeDtypeStruct((b, s, 3), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.float32))
+
+
+@pytest.mark.parametrize("x_shape, y_shape, dtype, match", [
+    ((2, 4, 3), (3,), np.float32, "dimension variable 'b' is 2 from argument 'args\\[0\\]' dim 0, but 3"),
+    ((2, 4, 5), (2,), np.float32, "argument 'args\\[0\\]' dim 2: expected size 3, got 5"),
+    ((2, 4), (2,), np.float32, "argument 'args\\[0\\]': expected rank 3"),
+    ((2, 4, 3), (2,), np.float64, "argument 'args\\[1\\]': expected dtype float32, got float64"),
+    ((2, 3, 3), (2,), np.float32, "mod\\(s, 2\\) == 0|divisible|'s'"),
+    ((1, 0, 3), (1,), np.float32, "s >= 2|'s'"),
+])
+def test_guards_reject_before_running(guarded, x_shape, y_shape, dtype, match):
+    x = np.ones(x_shape, np.float32)
+    y = np.ones(y_shape, dtype)
+    with pytest.raises(disc.ShapeError, match=match):
+        guarded(x, y)
+    ok = guarded(np.ones((2, 4, 3), np.float32), np.ones(2, np.float32))  # still works afterwards
+    np.testing.assert_array_equal(ok, np.full((2, 4, 3), 3.0, np.float32))
+
+
+def test_wrong_argument_count(guarded):
+    with pytest.raises(disc.ShapeError, match="expected 2 array arguments, got 1"):
+        guarded(np.ones((2, 4, 3), np.float32))
+
+
+def test_unsupported_op_names_op_and_location():
+    text = """func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %0 = stablehlo.custom_call @my_kernel(%x) : (tensor<4xf32>) -> tensor<4xf32>
+      return %0 : tensor<4xf32>
+    }"""
+    with pytest.raises(disc.UnsupportedOpError, match="stablehlo.custom_call.*tensor<4xf32>"):
+        disc.compile(text)
+
+
+def test_bad_text_is_a_compile_error():
+    with pytest.raises(disc.CompileError, match="cannot parse"):
+        disc.compile("func.func @main(")
+
+
+def test_concurrent_calls_from_threads():
+    f = disc.compile(lambda x, w: jnp.tanh(x @ w).sum(-1), *specs_for([(("b", 16), np.float32), ((16, 16), np.float32)], "b"))
+    w = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            x = rng.standard_normal((int(rng.integers(1, 40)), 16)).astype(np.float32)
+            if not np.allclose(f(x, w), np.tanh(x @ w).sum(-1), rtol=1e-4, atol=1e-4):
+                errors.append(seed)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_no_memory_growth_across_calls():
+    f = disc.compile(lambda x: jnp.exp(x) * 2 + x.sum(), *specs_for([(("n", 64), np.float32)], "n"))
+    x = np.ones((100, 64), np.float32)
+    for _ in range(5):
+        f(x)
+    before = f.memory_stats()
+    for _ in range(50):
+        del_me = f(x)
+        del del_me
+    after = f.memory_stats()
+    assert after["bytes_in_use"] == before["bytes_in_use"]
+    assert after["bytes_cached"] == before["bytes_cached"]
