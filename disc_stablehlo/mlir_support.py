@@ -6,6 +6,7 @@ registers `stablehlo-legalize-to-linalg` and `stablehlo-aggressive-simplificatio
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Callable, Iterator
 
@@ -37,8 +38,19 @@ def walk(op: ir.Operation) -> Iterator[ir.Operation]:
     return iter(found)
 
 
+_FRAME_RE = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
+
+
 def location_text(op: ir.Operation) -> str:
-    return str(op.location).removeprefix("loc(").removesuffix(")")
+    """The op's name in the source and its innermost source line (JAX records whole call
+    stacks, test runners included; only the first frame helps a user)."""
+    text = str(op.location).removeprefix("loc(").removesuffix(")")
+    name = re.match(r'(?:fused\[)?"([^"]*)"', text)
+    frame = _FRAME_RE.search(text)
+    if frame is None:
+        return text if len(text) < 200 else text[:200] + "..."
+    where = f"{frame.group(2)}:{frame.group(3)}"
+    return f"{name.group(1)} ({where})" if name and name.group(1) != frame.group(1) else f"{frame.group(1)} ({where})"
 
 
 def describe(op: ir.Operation) -> str:

@@ -64,7 +64,6 @@ class LoweringState:
         """Moves a StableHLO region (scalar-tensor arguments, `stablehlo.return`) into a new
         private function, declares it in `text`, and returns its name."""
         name = self.fresh_symbol(stem)
-        self.declared.add(name)
         block = region.blocks[0]
         arg_types = [a.type for a in block.arguments]
         ret = block.operations[len(block.operations) - 1]
@@ -83,7 +82,19 @@ class LoweringState:
         with ir.InsertionPoint(last), last.location:
             ir.Operation.create("func.return", operands=list(last.operands))
         last.erase()
-        ins, outs = ", ".join(map(str, arg_types)), ", ".join(map(str, result_types))
+        return self.declare_function(name, text)
+
+    def declare_function(self, name: str, text: "Text") -> str:
+        """Declares a function of the module in a template's text (so the template parses) and
+        returns its name."""
+        for op in self.module.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+                ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                break
+        else:
+            raise UnsupportedOpError(f"function @{name} not found")
+        self.declared.add(name)
+        ins, outs = ", ".join(map(str, ftype.inputs)), ", ".join(map(str, ftype.results))
         text.declarations.append(f"func.func private @{name}({ins}) -> ({outs})")
         return name
 

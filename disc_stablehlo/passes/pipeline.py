@@ -13,7 +13,7 @@ from ..bounded_dynamism import extract_guard
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
-from . import control_flow, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
+from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .lower import lower_module
 from .ops import DIALECTS_LEFT_TO_UPSTREAM
 

@@ -155,30 +155,28 @@ def _sort(op, t: Text, state: LoweringState):
     return outer.close(line.close([f"{res}#{i + 1}" for i in range(n)]))
 
 
-@register_template("stablehlo.reduce_window")
-def _reduce_window(op, t: Text, state: LoweringState):
-    n = len(op.results)
-    inputs, inits = op.operands[:n], op.operands[n:]
+def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: list[str], base_dil: list[str],
+                   win_dil: list[str], pad_lo: list[str], pad_hi: list[str]) -> list[str]:
+    """reduce_window over operands %a0..%a{n-1} with init values %a{n}..%a{2n-1}; every
+    window parameter is an index value. Padding and base-dilation holes read the init value."""
+    inputs, inits = op.operands[:n], op.operands[n:2 * n]
     rank = _rank(inputs[0])
-    window = _ints(op, "window_dimensions")
-    strides = _ints(op, "window_strides") or [1] * rank
-    base_dil = _ints(op, "base_dilations") or [1] * rank
-    win_dil = _ints(op, "window_dilations") or [1] * rank
-    padding = _ints(op, "padding") or [0] * (2 * rank)
-    fn = state.region_function(op.regions[0], "window_body", t)
     elems = [_elem(v) for v in inputs]
     in_dims = t.dims("%a0", inputs[0].type)
     rt = ir.RankedTensorType(op.results[0].type)
+    one = t.const(1)
     out_dims = []
     for d in range(rank):
         if not rt.is_dynamic_dim(d):
             out_dims.append(t.const(rt.shape[d]))
             continue
-        last = t(f"arith.subi {in_dims[d]}, {t.const(1)} : index")
-        dilated = t(f"arith.addi {t(f'arith.muli {last}, {t.const(base_dil[d])} : index')}, {t.const(1)} : index")
-        padded = t(f"arith.addi {dilated}, {t.const(padding[2 * d] + padding[2 * d + 1])} : index")
-        span = t(f"arith.subi {padded}, {t.const((window[d] - 1) * win_dil[d] + 1)} : index")
-        count = t(f"arith.addi {t(f'arith.floordivsi {span}, {t.const(strides[d])} : index')}, {t.const(1)} : index")
+        last = t(f"arith.subi {in_dims[d]}, {one} : index")
+        dilated = t(f"arith.addi {t(f'arith.muli {last}, {base_dil[d]} : index')}, {one} : index")
+        padded = t(f"arith.addi {dilated}, {t(f'arith.addi {pad_lo[d]}, {pad_hi[d]} : index')} : index")
+        span = t(f"arith.muli {t(f'arith.subi {window[d]}, {one} : index')}, {win_dil[d]} : index")
+        reach = t(f"arith.addi {span}, {one} : index")
+        steps = t(f"arith.floordivsi {t(f'arith.subi {padded}, {reach} : index')}, {strides[d]} : index")
+        count = t(f"arith.addi {steps}, {one} : index")
         out_dims.append(t(f"arith.maxsi {count}, {t.const(0)} : index"))
     init_vals = [t(f"tensor.extract %a{n + i}[] : {v.type}") for i, v in enumerate(inits)]
     outs = [t.empty(r.type, out_dims) for r in op.results]
@@ -186,14 +184,14 @@ def _reduce_window(op, t: Text, state: LoweringState):
     loops = Loops(t, out_dims, list(zip(outs, result_types)))
     # window positions: one scf.for nest carrying the accumulators as 0-d tensors
     acc0 = [t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in zip(init_vals, elems)]
-    win = Loops(t, [t.const(w) for w in window], [(a, f"tensor<{e}>") for a, e in zip(acc0, elems)])
+    win = Loops(t, window, [(a, f"tensor<{e}>") for a, e in zip(acc0, elems)])
     src, conds = [], []
     for d in range(rank):
-        base = t(f"arith.muli {loops.ivs[d]}, {t.const(strides[d])} : index")
-        offset = t(f"arith.muli {win.ivs[d]}, {t.const(win_dil[d])} : index")
-        p = t(f"arith.subi {t(f'arith.addi {base}, {offset} : index')}, {t.const(padding[2 * d])} : index")
-        q = t(f"arith.divsi {p}, {t.const(base_dil[d])} : index")
-        on_grid = t(f"arith.cmpi eq, {t(f'arith.remsi {p}, {t.const(base_dil[d])} : index')}, {t.const(0)} : index")
+        base = t(f"arith.muli {loops.ivs[d]}, {strides[d]} : index")
+        offset = t(f"arith.muli {win.ivs[d]}, {win_dil[d]} : index")
+        p = t(f"arith.subi {t(f'arith.addi {base}, {offset} : index')}, {pad_lo[d]} : index")
+        q = t(f"arith.divsi {p}, {base_dil[d]} : index")
+        on_grid = t(f"arith.cmpi eq, {t(f'arith.remsi {p}, {base_dil[d]} : index')}, {t.const(0)} : index")
         conds += [t(f"arith.cmpi sge, {p}, {t.const(0)} : index"), on_grid, t(f"arith.cmpi slt, {q}, {in_dims[d]} : index")]
         src.append(q)
     inside = _all(t, conds)
@@ -204,3 +202,36 @@ def _reduce_window(op, t: Text, state: LoweringState):
     stored = [t(f"tensor.insert {t(f'tensor.extract {r}[] : tensor<{e}>')} into {acc}[{', '.join(loops.ivs)}] : {ty}")
               for r, e, acc, ty in zip(reduced, elems, loops.inner, result_types)]
     return loops.close(stored)
+
+
+@register_template("stablehlo.reduce_window")
+def _reduce_window(op, t: Text, state: LoweringState):
+    n = len(op.results)
+    rank = _rank(op.operands[0])
+
+    def attr(name, default):
+        return [t.const(v) for v in (_ints(op, name) or [default] * rank)]
+    padding = _ints(op, "padding") or [0] * (2 * rank)
+    fn = state.region_function(op.regions[0], "window_body", t)
+    return _window_reduce(t, op, fn, n, attr("window_dimensions", 1), attr("window_strides", 1), attr("base_dilations", 1),
+                          attr("window_dilations", 1), [t.const(p) for p in padding[0::2]], [t.const(p) for p in padding[1::2]])
+
+
+def _is_dynamic_reduce_window(op: ir.Operation) -> bool:
+    return ir.StringAttr(op.attributes["call_target_name"]).value == "stablehlo.dynamic_reduce_window"
+
+
+@register_template("stablehlo.custom_call", when=_is_dynamic_reduce_window)
+def _dynamic_reduce_window(op, t: Text, state: LoweringState):
+    """JAX's form of reduce_window whose parameters are run-time tensors: operands are inputs,
+    init values, then window dims, strides, base and window dilations, padding [rank, 2]."""
+    n = len(op.results)
+    rank = _rank(op.operands[0])
+    fn = state.declare_function(ir.FlatSymbolRefAttr(ir.ArrayAttr(op.attributes["called_computations"])[0]).value, t)
+
+    def vec(k):
+        return [t.extract_index(f"%a{2 * n + k}", op.operands[2 * n + k].type, [t.const(i)]) for i in range(rank)]
+    pad = op.operands[2 * n + 4].type
+    lo = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(0)]) for i in range(rank)]
+    hi = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(1)]) for i in range(rank)]
+    return _window_reduce(t, op, fn, n, vec(0), vec(1), vec(2), vec(3), lo, hi)
