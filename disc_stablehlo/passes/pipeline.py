@@ -20,7 +20,7 @@ from .ops import DIALECTS_LEFT_TO_UPSTREAM
 FLATTEN = "inline, symbol-dce"
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
-TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse"
+TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
 BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
              "allow-return-allocs-from-loops}, canonicalize")
 TO_LOOPS = "func.func(convert-linalg-to-loops), canonicalize"
