@@ -183,8 +183,9 @@ class Text:
         v = self(f"tensor.extract {tensor}[{', '.join(position)}] : {type_}")
         if elem == "index":
             return v
-        if elem.startswith("ui"):
-            return self(f"arith.index_castui {v} : {elem.replace('ui', 'i')} to index")
+        if elem.startswith("ui"):  # arith takes signless integers only; make_signless drops the cast later
+            bits = self(f"builtin.unrealized_conversion_cast {v} : {elem} to {elem[1:]}")
+            return self(f"arith.index_castui {bits} : {elem[1:]} to index")
         return self(f"arith.index_cast {v} : {elem} to index")
 
     def empty(self, type_: ir.Type, dims: list[str]) -> str:

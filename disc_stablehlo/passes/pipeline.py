@@ -15,6 +15,8 @@ from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .lower import lower_module
+from .signless import make_signless
+from .parallel import outline_parallel_loops, resolve_function_pointers
 from .ops import DIALECTS_LEFT_TO_UPSTREAM
 
 FLATTEN = "inline, symbol-dce"
@@ -23,7 +25,7 @@ SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
 BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
              "allow-return-allocs-from-loops}, canonicalize")
-TO_LOOPS = "func.func(convert-linalg-to-loops), canonicalize"
+TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), canonicalize"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",
     "finalize-memref-to-llvm{use-generic-functions}", "convert-complex-to-standard", "convert-math-to-llvm",
@@ -62,10 +64,15 @@ def compile_to_llvm(module: ir.Module, entry_name: str) -> LoweredModule:
         # 6. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
+        make_signless(module)
         # 7. tensors to buffers (the RAL allocates), loops, LLVM dialect
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
+        # 8. outermost parallel loops run on the RAL thread pool
+        outline_parallel_loops(module)
+        run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
+        resolve_function_pointers(module)
         _check_only_llvm(module)
         return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions)
 

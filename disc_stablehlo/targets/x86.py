@@ -18,7 +18,7 @@ from . import Target
 # rejects: words (`-inf`, `+qnan`), raw bits (`f0x3727C5AC`), and shortest decimals that are not
 # exact doubles (`2.326820e-02` for a float). Each is rewritten to the classic hexadecimal form
 # of its type, found as the nearest type word before it on the line (`phi float [ -inf, ...]`).
-_LITERAL_RE = re.compile(r"(?<![\w.%@])(?:f0x([0-9A-Fa-f]{8})|([+-]?(?:inf|q?nan))|([+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
+_LITERAL_RE = re.compile(r"(?<![\w.%@])(?:f0x([0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16})|([+-]?(?:inf|q?nan))|([+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
 _TYPE_RE = re.compile(r"\b(half|bfloat|float|double)\b")
 
 
@@ -34,9 +34,14 @@ def _hex_literal(value: float, type_name: str) -> str:
 
 def _classic_line(line: str) -> str:
     def sub(m: re.Match) -> str:
-        if m.group(1):
-            return _hex_literal(struct.unpack("<f", struct.pack("<I", int(m.group(1), 16)))[0], "double")
         types = _TYPE_RE.findall(line, 0, m.start())
+        if m.group(1):  # raw bits: 4 hex digits half or bfloat, 8 float, 16 double
+            bits = m.group(1)
+            if len(bits) == 4:
+                return ("0xR" if types and types[-1] == "bfloat" else "0xH") + bits.upper()
+            if len(bits) == 16:
+                return "0x" + bits.upper()
+            return _hex_literal(struct.unpack("<f", struct.pack("<I", int(bits, 16)))[0], "double")
         if not types:
             return m.group(0)
         word = m.group(2) or m.group(3)

@@ -376,6 +376,17 @@ void _mlir_memref_to_llvm_free(void *ptr) {
   if (tls_context && ptr && ral_context_take(tls_context, ptr)) ral_buffer_free(tls_context->rt, ptr);
 }
 
+/* below this many scalar iterations, waking the pool costs more than it saves */
+#define RAL_PARALLEL_MIN_WORK 16384
+
+void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_t work) {
+  if (!tls_context || work < RAL_PARALLEL_MIN_WORK || n < 2) {
+    body(data, 0, n);
+    return;
+  }
+  ral_parallel_for(tls_context, body, data, 0, n, 1);
+}
+
 void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_memref *dst) {
   /* descriptor: allocated, aligned, offset, sizes[rank], strides[rank] */
   int64_t rank = src->rank;

@@ -82,6 +82,10 @@ void *_mlir_memref_to_llvm_alloc(size_t bytes);
 void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes);
 void _mlir_memref_to_llvm_free(void *ptr);
 
+/* Runs body(data, lo, hi) over [0, n) on the current context's thread pool; runs inline when
+ * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */
+void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_t work);
+
 /* Strided copy between memrefs of any rank, called by MLIR's lowering of memref.copy when a
  * layout is not contiguous. Both arguments are MLIR unranked memrefs {rank, descriptor*}. */
 typedef struct {

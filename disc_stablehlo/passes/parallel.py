@@ -1,0 +1,213 @@
+"""Parallel loops on the RAL thread pool.
+
+After bufferization every linalg op is an `scf.parallel` nest. Each outermost one is moved into
+a public function `void __disc_par_N(void *slots, i64 lo, i64 hi)` that runs iterations [lo, hi)
+of its first dimension, and the host instead packs the loop's captured values into a stack
+array of 8-byte slots (memref descriptors field by field) and calls
+`disc_ral_parallel_for(__disc_par_N, slots, n, work)`. The function's address is taken after
+the lowering to LLVM (`llvm.mlir.addressof` only names LLVM functions)."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from ..mlir_support import walk
+from .lower import LoweringState
+
+PTR = "!llvm.ptr"
+FNPTR_STEM = "__disc_fnptr_"
+
+
+def _defined_outside(v: ir.Value, op: ir.Operation) -> bool:
+    owner = v.owner
+    node = owner.owner if isinstance(owner, ir.Block) else owner
+    return _defined_outside_op(node.operation if node is not None else None, op)
+
+
+def _captured(op: ir.Operation) -> list[ir.Value] | None:
+    found: list[ir.Value] = []
+    for inner in walk(op):
+        for v in inner.operands:
+            if _defined_outside(v, op) and not any(v == f for f in found):
+                found.append(v)
+    for v in found:
+        t = v.type
+        if not (isinstance(t, (ir.MemRefType, ir.IndexType, ir.IntegerType, ir.F16Type, ir.BF16Type, ir.F32Type, ir.F64Type))):
+            return None  # complex, vectors: the loop stays serial
+    return found
+
+
+def _struct(t: ir.MemRefType) -> str:
+    r = t.rank
+    return "!llvm.struct<(ptr, ptr, i64)>" if r == 0 else f"!llvm.struct<(ptr, ptr, i64, array<{r} x i64>, array<{r} x i64>)>"
+
+
+def _slots(t: ir.Type) -> list[tuple[str, list[int]]]:
+    """(LLVM type, extractvalue position) of each slot a value of type `t` takes."""
+    if isinstance(t, ir.MemRefType):
+        r = t.rank
+        return [(PTR, [0]), (PTR, [1]), ("i64", [2])] + [("i64", [3, i]) for i in range(r)] + [("i64", [4, i]) for i in range(r)]
+    if isinstance(t, ir.IndexType):
+        return [("i64", [])]
+    return [(str(t), [])]
+
+
+def _find(captured: list[ir.Value], v: ir.Value) -> int:
+    return next(i for i, c in enumerate(captured) if c == v)
+
+
+def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: list[tuple[int, int, int]]) -> str:
+    """The host side: pack the captured values into slots and call the RAL. `bounds` holds,
+    per loop dimension, the captured positions of its lower bound, upper bound and step."""
+    lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
+    total = sum(len(_slots(v.type)) for v in captured)
+    lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
+    for i, v in enumerate(captured):
+        src = f"%v{i}"
+        if isinstance(v.type, ir.MemRefType):
+            lines.append(f"%s{i} = builtin.unrealized_conversion_cast %v{i} : {v.type} to {_struct(v.type)}")
+        elif isinstance(v.type, ir.IndexType):
+            lines.append(f"%x{i} = arith.index_cast %v{i} : index to i64")
+            src = f"%x{i}"
+        for k, (ty, pos) in enumerate(_slots(v.type)):
+            value = src
+            if pos:
+                value = f"%f{i}_{k}"
+                lines.append(f"{value} = llvm.extractvalue %s{i}[{', '.join(map(str, pos))}] : {_struct(v.type)}")
+            lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
+            lines.append(f"llvm.store {value}, %p{slot} : {ty}, !llvm.ptr")
+            slot += 1
+    # iterations of the first dimension, and an estimate of all scalar iterations
+    work = "%n"
+    for d, (lb, ub, step) in enumerate(bounds):
+        lines.append(f"%span{d} = arith.subi %v{ub}, %v{lb} : index")
+        lines.append(f"%iters{d} = arith.ceildivsi %span{d}, %v{step} : index")
+        if d:
+            lines.append(f"%work{d} = arith.muli {work}, %iters{d} : index")
+            work = f"%work{d}"
+        else:
+            lines.append("%n = arith.maxsi %iters0, %zero : index")
+    lines.insert(0, "%zero = arith.constant 0 : index")
+    params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
+    lines += ["%n64 = arith.index_cast %n : index to i64", f"%work64 = arith.index_cast {work} : index to i64",
+              f"%fp = func.call @{FNPTR_STEM}{par}() : () -> !llvm.ptr",
+              "func.call @disc_ral_parallel_for(%fp, %buf, %n64, %work64) : (!llvm.ptr, !llvm.ptr, i64, i64) -> ()",
+              "llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
+    return (f"func.func private @{FNPTR_STEM}{par}() -> !llvm.ptr\n"
+            "func.func private @disc_ral_parallel_for(!llvm.ptr, !llvm.ptr, i64, i64)\n"
+            f"func.func private @{name}({params}) {{\n  " + "\n  ".join(lines) + "\n}")
+
+
+def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int, int, int]) -> str:
+    """The worker side: rebuild the captured values from the slots, narrow the first dimension
+    to iterations [lo, hi) and run the loop body."""
+    lines, slot, args = [], 0, []
+    for i, v in enumerate(captured):
+        loaded = []
+        for ty, pos in _slots(v.type):
+            lines.append(f"%p{slot} = llvm.getelementptr %data[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
+            lines.append(f"%l{slot} = llvm.load %p{slot} : !llvm.ptr -> {ty}")
+            loaded.append((f"%l{slot}", pos))
+            slot += 1
+        if isinstance(v.type, ir.MemRefType):
+            st, cur = _struct(v.type), f"%u{i}"
+            lines.append(f"{cur} = llvm.mlir.undef : {st}")
+            for k, (val, pos) in enumerate(loaded):
+                lines.append(f"{cur}_{k} = llvm.insertvalue {val}, {cur if k == 0 else f'{cur}_{k - 1}'}[{', '.join(map(str, pos))}] : {st}")
+            lines.append(f"%c{i} = builtin.unrealized_conversion_cast {cur}_{len(loaded) - 1} : {st} to {v.type}")
+            args.append(f"%c{i}")
+        elif isinstance(v.type, ir.IndexType):
+            lines.append(f"%c{i} = arith.index_cast {loaded[0][0]} : i64 to index")
+            args.append(f"%c{i}")
+        else:
+            args.append(loaded[0][0])
+    lb, ub, step = (args[k] for k in first)
+    lines += ["%lo_i = arith.index_cast %lo : i64 to index", "%hi_i = arith.index_cast %hi : i64 to index",
+              f"%lo_off = arith.muli %lo_i, {step} : index", f"%hi_off = arith.muli %hi_i, {step} : index",
+              f"%lb_new = arith.addi {lb}, %lo_off : index", f"%ub_far = arith.addi {lb}, %hi_off : index",
+              f"%ub_new = arith.minsi %ub_far, {ub} : index"]
+    types = ", ".join(["index", "index"] + [str(v.type) for v in captured])
+    lines += [f"func.call @{body}(%lb_new, %ub_new, {', '.join(args)}) : ({types}) -> ()", "return"]
+    return (f"func.func private @{body}({types})\n"
+            f"func.func public @{par}(%data: !llvm.ptr, %lo: i64, %hi: i64) {{\n  " + "\n  ".join(lines) + "\n}")
+
+
+def _nested_in_parallel(op: ir.Operation) -> bool:
+    node = op.parent
+    while node is not None:
+        if node.name == "scf.parallel":
+            return True
+        node = node.parent
+    return False
+
+
+def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], module: ir.Module) -> None:
+    """Moves `op` into a new private function `name(lb0, ub0, captured...)` whose first two
+    arguments replace the loop's first-dimension bounds."""
+    index = ir.IndexType.get()
+    types = [index, index] + [v.type for v in captured]
+    with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
+        func = ir.Operation.create("func.func", regions=1, attributes={
+            "sym_name": ir.StringAttr.get(name), "sym_visibility": ir.StringAttr.get("private"),
+            "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, []))})
+    block = func.regions[0].blocks.append(*types)
+    block.append(op)
+    with ir.InsertionPoint(block), op.location:
+        ir.Operation.create("func.return")
+    for v, arg in zip(captured, list(block.arguments)[2:]):
+        for use in list(v.uses):
+            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if not _defined_outside_op(owner, func):
+                owner.operands[use.operand_number] = arg
+    dims = len(op.regions[0].blocks[0].arguments)
+    op.operands[0] = block.arguments[0]
+    op.operands[dims] = block.arguments[1]
+
+
+def _defined_outside_op(node: ir.Operation, ancestor: ir.Operation) -> bool:
+    while node is not None:
+        if node == ancestor:
+            return False
+        node = node.parent
+    return True
+
+
+def outline_parallel_loops(module: ir.Module) -> int:
+    """Outlines every outermost scf.parallel (without reductions) of the module's functions;
+    returns how many."""
+    state = LoweringState(module)
+    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    loops = [op for f in funcs for op in walk(f)
+             if op.name == "scf.parallel" and not op.results and not _nested_in_parallel(op)]
+    for op in loops:
+        captured = _captured(op)
+        if captured is None:
+            continue
+        dims = len(op.regions[0].blocks[0].arguments)
+        bounds = [(_find(captured, op.operands[d]), _find(captured, op.operands[dims + d]), _find(captured, op.operands[2 * dims + d]))
+                  for d in range(dims)]
+        par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
+        with ir.InsertionPoint(op), op.location:
+            ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
+        _move_into_function(op, body, captured, module)
+        state.declared.add(body)
+        state.add_function(_unpack_text(par, body, captured, bounds[0]))
+        state.add_function(_pack_text(pack, par, captured, bounds))
+    return len(loops)
+
+
+def resolve_function_pointers(module: ir.Module) -> None:
+    """After the lowering to LLVM: each `call @__disc_fnptr_X()` becomes the address of X."""
+    ptr = ir.Type.parse(PTR)
+    for op in walk(module.operation):
+        if op.name == "llvm.call" and "callee" in op.attributes:
+            callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            if callee.startswith(FNPTR_STEM):
+                with ir.InsertionPoint(op), op.location:
+                    addr = ir.Operation.create("llvm.mlir.addressof", results=[ptr], attributes={
+                        "global_name": ir.FlatSymbolRefAttr.get(callee.removeprefix(FNPTR_STEM))})
+                op.results[0].replace_all_uses_with(addr.result)
+                op.erase()
+    for op in list(module.body.operations):
+        if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value.startswith(FNPTR_STEM):
+            op.operation.erase()
