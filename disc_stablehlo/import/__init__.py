@@ -67,10 +67,24 @@ def parse_stablehlo(source: str | bytes) -> ir.Module:
                 return _stablehlo.deserialize_portable_artifact(ctx, bytes(source))
             except Exception:
                 pass  # not a portable artifact: plain MLIR bytecode
+        if isinstance(source, str) and "chlo." in source:
+            return _stablehlo.deserialize_portable_artifact(ctx, _without_chlo(source))
         try:
             return ir.Module.parse(source)
         except Exception as e:
             raise CompileError(f"cannot parse the StableHLO module: {e}") from None
+
+
+def _without_chlo(text: str) -> bytes:
+    """torch-mlir's wheel has no CHLO dialect. jaxlib's StableHLO serializer rewrites each CHLO op
+    as a `stablehlo.composite` with its decomposition (lowered by our composite rewrite)."""
+    from jax._src.lib import _jax
+    from torch_mlir._mlir_libs import _stablehlo
+
+    try:
+        return _jax.mlir.serialize_portable_artifact(text, _stablehlo.get_current_version())
+    except Exception as e:
+        raise CompileError(f"cannot parse the CHLO module: {e}") from None
 
 
 def _from_stablehlo(source: str | bytes, *specs: Any) -> Imported:

@@ -1,4 +1,5 @@
-"""StableHLO control flow (`while`, `if`, `case`) to scf. The wheel has no such pass: the
+"""StableHLO control flow (`while`, `if`, `case`) to scf, and `composite` to a call of its
+decomposition. The wheel has no such pass: the
 regions are moved, not copied, into `scf.while`, `scf.if` and `scf.index_switch`."""
 
 from __future__ import annotations
@@ -71,3 +72,12 @@ def _case(op: ir.Operation, state: LoweringState) -> None:
     for i in range(n - 1):
         _adopt(op.regions[i], new.regions[i + 1], "scf.yield")
     _finish(op, new)
+
+
+@register_rewrite("stablehlo.composite")
+def _composite(op: ir.Operation, state: LoweringState) -> None:
+    callee = ir.FlatSymbolRefAttr(op.attributes["decomposition"])
+    with ir.InsertionPoint(op), op.location:
+        call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=list(op.operands),
+                                   attributes={"callee": callee})
+    _finish(op, call)

@@ -235,3 +235,46 @@ def _dynamic_reduce_window(op, t: Text, state: LoweringState):
     lo = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(0)]) for i in range(rank)]
     hi = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(1)]) for i in range(rank)]
     return _window_reduce(t, op, fn, n, vec(0), vec(1), vec(2), vec(3), lo, hi)
+
+
+@register_template("stablehlo.select_and_scatter")
+def _select_and_scatter(op, t: Text, state: LoweringState):
+    """For each source element, the window element of the operand that `select` prefers
+    (padding never wins) receives scatter(result[it], source)."""
+    operand, source = op.operands[0], op.operands[1]
+    rank = _rank(operand)
+    window = _ints(op, "window_dimensions")
+    strides = _ints(op, "window_strides") or [1] * rank
+    padding = _ints(op, "padding") or [0] * (2 * rank)
+    select = state.region_function(op.regions[0], "select", t)
+    scatter = state.region_function(op.regions[1], "scatter", t)
+    elem, ty = _elem(operand), str(op.result.type)
+    in_dims = t.dims("%a0", operand.type)
+    init = t(f"tensor.extract %a2[] : {op.operands[2].type}")
+    filled = t(f"linalg.fill ins({init} : {elem}) outs({t.empty(op.result.type, in_dims)} : {ty}) -> {ty}")
+    outer = Loops(t, t.dims("%a1", source.type), [(filled, ty)])
+    carried = [(t.const("false", "i1"), "i1"), (init, elem)]  # (found one, best value): unread until found
+    carried += [(t.const(0), "index")] * rank
+    win = Loops(t, [t.const(w) for w in window], carried)
+    has, best, best_idx = win.inner[0], win.inner[1], win.inner[2:]
+    pos = []
+    for o, w, s, lo in zip(outer.ivs, win.ivs, strides, padding[0::2]):
+        start = t(f"arith.muli {o}, {t.const(s)} : index")
+        pos.append(t(f"arith.subi {t(f'arith.addi {start}, {w} : index')}, {t.const(lo)} : index"))
+    inside = _all(t, [_in_range(t, p, d) for p, d in zip(pos, in_dims)])
+
+    def consider():
+        val = t(f"tensor.extract %a0[{', '.join(pos)}] : {operand.type}")
+        keep = _if(t, has, ["i1"], lambda: _call_region(t, select, [(best, elem), (val, elem)], ["i1"]), [t.const("false", "i1")])[0]
+        take = t(f"arith.xori {keep}, {t.const('true', 'i1')} : i1")
+        return [t.const("true", "i1"), t(f"arith.select {take}, {val}, {best} : {elem}")] + \
+            [t(f"arith.select {take}, {p}, {b} : index") for p, b in zip(pos, best_idx)]
+    chosen = win.close(_if(t, inside, ["i1", elem] + ["index"] * rank, consider, win.inner))
+    acc = outer.inner[0]
+
+    def scatter_into():
+        cur = t(f"tensor.extract {acc}[{', '.join(chosen[2:])}] : {ty}")
+        src = t(f"tensor.extract %a1[{', '.join(outer.ivs)}] : {source.type}")
+        new = _call_region(t, scatter, [(cur, elem), (src, elem)], [elem])[0]
+        return [t(f"tensor.insert {new} into {acc}[{', '.join(chosen[2:])}] : {ty}")]
+    return outer.close(_if(t, chosen[0], [ty], scatter_into, [acc]))
