@@ -46,14 +46,15 @@ def ensure_env() -> None:
 
 
 def c_tests() -> None:
-    build = ROOT / "build" / "ral"
-    run("cmake", "-S", ROOT / "ral_runtime", "-B", build, "-DCMAKE_BUILD_TYPE=Debug",
-        "-DCMAKE_C_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer")
-    run("cmake", "--build", build, "-j2")
+    """The RAL's own tests, built twice: under AddressSanitizer + UBSan, and ThreadSanitizer."""
     blas = subprocess.run([str(PY), "-c", "import scipy_openblas32 as s, os; print(os.path.join(s.get_lib_dir(), 'lib' + s.get_library() + '.so'))"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    run(build / "test_ral", blas)
-    run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
+    for name, flags in [("asan", "-fsanitize=address,undefined"), ("tsan", "-fsanitize=thread")]:
+        build = ROOT / "build" / f"ral-{name}"
+        run("cmake", "-S", ROOT / "ral_runtime", "-B", build, "-DCMAKE_BUILD_TYPE=Debug", f"-DCMAKE_C_FLAGS={flags} -fno-omit-frame-pointer")
+        run("cmake", "--build", build, "-j2")
+        run(build / "test_ral", blas)
+        run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
 
 
 def main() -> int:

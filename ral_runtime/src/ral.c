@@ -111,11 +111,21 @@ typedef struct {
   pthread_cond_t wake, done;
   pthread_mutex_t submit; /* one job at a time; other callers wait here */
   parallel_job *job;
-  int64_t generation;
-  int stopping;
+  atomic_int_fast64_t generation; /* bumped once per job, after `job` is set */
+  atomic_int stopping;
   int num_workers;
   pthread_t *workers;
 } thread_pool;
+
+/* Spin this many rounds on an atomic before sleeping: waking a sleeping thread costs tens of
+ * microseconds, which a model with dozens of parallel loops per call pays every loop. */
+#define RAL_SPIN_ROUNDS 20000
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
 
 static _Thread_local ral_context *tls_context;
 static _Thread_local int tls_in_pool;
@@ -136,18 +146,28 @@ static void *worker_main(void *arg) {
   thread_pool *pool = arg;
   tls_in_pool = 1;
   int64_t seen = 0;
-  pthread_mutex_lock(&pool->lock);
   for (;;) {
-    while (!pool->stopping && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->lock);
-    if (pool->stopping) break;
-    seen = pool->generation;
+    int64_t gen = atomic_load(&pool->generation);
+    for (int i = 0; i < RAL_SPIN_ROUNDS && gen == seen && !atomic_load(&pool->stopping); i++) {
+      cpu_relax();
+      gen = atomic_load(&pool->generation);
+    }
+    if (gen == seen) {
+      pthread_mutex_lock(&pool->lock);
+      while (!atomic_load(&pool->stopping) && atomic_load(&pool->generation) == seen)
+        pthread_cond_wait(&pool->wake, &pool->lock);
+      pthread_mutex_unlock(&pool->lock);
+    }
+    if (atomic_load(&pool->stopping)) break;
+    seen = atomic_load(&pool->generation);
     parallel_job *job = pool->job;
-    pthread_mutex_unlock(&pool->lock);
     run_chunks(job);
-    pthread_mutex_lock(&pool->lock);
-    if (atomic_fetch_sub(&job->pending_workers, 1) == 1) pthread_cond_broadcast(&pool->done);
+    if (atomic_fetch_sub(&job->pending_workers, 1) == 1) {
+      pthread_mutex_lock(&pool->lock);
+      pthread_cond_broadcast(&pool->done);
+      pthread_mutex_unlock(&pool->lock);
+    }
   }
-  pthread_mutex_unlock(&pool->lock);
   return NULL;
 }
 
@@ -167,7 +187,7 @@ static int pool_start(thread_pool *pool, int num_workers) {
 
 static void pool_stop(thread_pool *pool) {
   pthread_mutex_lock(&pool->lock);
-  pool->stopping = 1;
+  atomic_store(&pool->stopping, 1);
   pthread_cond_broadcast(&pool->wake);
   pthread_mutex_unlock(&pool->lock);
   for (int i = 0; i < pool->num_workers; i++) pthread_join(pool->workers[i], NULL);
@@ -343,16 +363,16 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
   pthread_mutex_lock(&pool->submit);
   pthread_mutex_lock(&pool->lock);
   pool->job = &job;
-  pool->generation++;
+  atomic_fetch_add(&pool->generation, 1);
   pthread_cond_broadcast(&pool->wake);
   pthread_mutex_unlock(&pool->lock);
   int was_in_pool = tls_in_pool;
   tls_in_pool = 1; /* nested parallel loops in the caller's chunks run inline */
   run_chunks(&job);
   tls_in_pool = was_in_pool;
+  for (int i = 0; i < RAL_SPIN_ROUNDS && atomic_load(&job.pending_workers) > 0; i++) cpu_relax();
   pthread_mutex_lock(&pool->lock);
   while (atomic_load(&job.pending_workers) > 0) pthread_cond_wait(&pool->done, &pool->lock);
-  pool->job = NULL;
   pthread_mutex_unlock(&pool->lock);
   pthread_mutex_unlock(&pool->submit);
 }
