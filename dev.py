@@ -67,6 +67,7 @@ def main() -> int:
     if cmd == "demo":
         run(PY, ROOT / "benchmarks" / "demo.py", env=env)
     elif cmd == "test":
+        run(PY, "-m", "ruff", "check", "disc_stablehlo", "tests", "benchmarks", "dev.py", cwd=ROOT)
         c_tests()
         run(PY, "-m", "pytest", "-q", "-n", "2", *sys.argv[2:], cwd=ROOT, env=env)
     else:

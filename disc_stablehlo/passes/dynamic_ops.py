@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from .lower import LoweringState, Text, register_template
+from .lower import Text, register_template
 
 
 def _rank(v: ir.Value) -> int:
