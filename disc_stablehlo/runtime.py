@@ -43,6 +43,7 @@ def ral() -> ctypes.CDLL:
         ("ral_runtime_create_error", ctypes.c_char_p, []),
         ("ral_runtime_destroy", None, [vp]),
         ("ral_runtime_memory_stats", None, [vp, ctypes.POINTER(MemoryStats)]),
+        ("ral_runtime_reset_peak", None, [vp]),
         ("ral_context_create", ctypes.c_int, [vp, ctypes.POINTER(vp)]),
         ("ral_context_destroy", None, [vp]),
         ("ral_context_enter", vp, [vp]),
@@ -73,6 +74,9 @@ class Runtime:
             raise RuntimeFailure(f"cannot create the runtime: {ral().ral_runtime_create_error().decode()}")
         self.handle = handle
         weakref.finalize(self, ral().ral_runtime_destroy, handle)
+
+    def reset_peak(self) -> None:
+        ral().ral_runtime_reset_peak(self.handle)
 
     def memory_stats(self) -> dict[str, int]:
         st = MemoryStats()

@@ -24,7 +24,7 @@ LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
 BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
-             "allow-return-allocs-from-loops}, canonicalize")
+             "allow-return-allocs-from-loops}, canonicalize, buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize")
 TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), canonicalize"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",

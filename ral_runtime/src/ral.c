@@ -277,6 +277,12 @@ void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out) {
   pthread_mutex_unlock(&rt->alloc.lock);
 }
 
+void ral_runtime_reset_peak(ral_runtime *rt) {
+  pthread_mutex_lock(&rt->alloc.lock);
+  rt->alloc.stats.peak_bytes = rt->alloc.stats.bytes_in_use;
+  pthread_mutex_unlock(&rt->alloc.lock);
+}
+
 ral_status ral_context_create(ral_runtime *rt, ral_context **out) {
   *out = calloc(1, sizeof(ral_context));
   if (!*out) return RAL_ERR_OUT_OF_MEMORY;

@@ -41,6 +41,9 @@ static void test_allocator_reuse_and_take(ral_runtime *rt) {
   CHECK(st.bytes_in_use == 0);
   CHECK(st.cache_hits >= 1);
   CHECK(st.peak_bytes >= 2000);
+  ral_runtime_reset_peak(rt);
+  ral_runtime_memory_stats(rt, &st);
+  CHECK(st.peak_bytes == 0);
 }
 
 static void test_generated_code_hooks(ral_runtime *rt) {

@@ -47,6 +47,8 @@ typedef struct {
   int64_t cache_hits;     /* requests served from the cache */
 } ral_memory_stats;
 void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out);
+/* Starts a new high-water mark: peak_bytes = bytes_in_use. */
+void ral_runtime_reset_peak(ral_runtime *rt);
 
 ral_status ral_context_create(ral_runtime *rt, ral_context **out);
 /* Frees every buffer the context still owns. */
