@@ -94,3 +94,4 @@ def test_program_matches_jax(name, fn, args, dims, envs, tol):
 
 def test_case_count():
     assert len(CASES) >= 40
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from .lower import Text, register_template
+from .lower import LoweringState, Text, register_rewrite, register_template
 
 
 def _rank(v: ir.Value) -> int:
@@ -60,6 +60,17 @@ def _index_to(t: Text, v: str, elem: str, lines: list[str]) -> str:
         width = elem.lstrip("ui")
         lines.append(f"{n} = arith.index_cast {v} : index to i{width}")
     return n
+
+
+def _is_identity(op: ir.Operation) -> bool:
+    return op.operands[0].type == op.result.type
+
+
+@register_rewrite("stablehlo.bitcast_convert", when=_is_identity)
+def _identity_bitcast(op: ir.Operation, state: LoweringState) -> None:
+    """Dropped: the upstream conversion crashes the process on complex identity bitcasts."""
+    op.result.replace_all_uses_with(op.operands[0])
+    op.erase()
 
 
 @register_template("stablehlo.reverse")

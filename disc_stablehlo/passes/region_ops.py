@@ -278,3 +278,44 @@ def _select_and_scatter(op, t: Text, state: LoweringState):
         new = _call_region(t, scatter, [(cur, elem), (src, elem)], [elem])[0]
         return [t(f"tensor.insert {new} into {acc}[{', '.join(chosen[2:])}] : {ty}")]
     return outer.close(_if(t, chosen[0], [ty], scatter_into, [acc]))
+
+
+def _is_real(op: ir.Operation) -> bool:
+    return not _elem(op.operands[0]).startswith("complex")
+
+
+@register_template("stablehlo.triangular_solve", when=_is_real)
+def _triangular_solve(op, t: Text, state: LoweringState):
+    """Forward or backward substitution, one row of the solution at a time. The right-side
+    form x op(a) = b is solved as op(a)^T x^T = b^T by swapping indices."""
+    a, b = op.operands
+    left = ir.BoolAttr(op.attributes["left_side"]).value
+    lower = ir.BoolAttr(op.attributes["lower"]).value
+    unit = ir.BoolAttr(op.attributes["unit_diagonal"]).value
+    transposed = "NO_TRANSPOSE" not in str(op.attributes["transpose_a"])
+    forward = lower != transposed if left else lower == transposed  # is the effective matrix lower?
+    rank, elem, ty = _rank(a), _elem(a), str(b.type)
+    dims = t.dims("%a1", b.type)
+    m = t.dim("%a0", a.type, rank - 1)
+    n = dims[rank - 1] if left else dims[rank - 2]
+    batch = Loops(t, dims[:rank - 2], [("%a1", ty)])
+    steps = Loops(t, [m], [(batch.inner[0], ty)])
+    i = steps.ivs[0] if forward else t(f"arith.subi {t(f'arith.subi {m}, {steps.ivs[0]} : index')}, {t.const(1)} : index")
+
+    def a_at(r: str, c: str) -> str:  # element (r, c) of the effective left-side matrix
+        swap = transposed != (not left)
+        return t(f"tensor.extract %a0[{', '.join(batch.ivs + ([c, r] if swap else [r, c]))}] : {a.type}")
+
+    def x_index(row: str, col: str) -> str:
+        return ", ".join(batch.ivs + ([row, col] if left else [col, row]))
+    cols = Loops(t, [n], [(steps.inner[0], ty)])
+    x, c = cols.inner[0], cols.ivs[0]
+    rhs = t(f"tensor.extract {x}[{x_index(i, c)}] : {ty}")
+    count = i if forward else t(f"arith.subi {t(f'arith.subi {m}, {i} : index')}, {t.const(1)} : index")
+    terms = Loops(t, [count], [(rhs, elem)])
+    k = terms.ivs[0] if forward else t(f"arith.addi {t(f'arith.addi {i}, {t.const(1)} : index')}, {terms.ivs[0]} : index")
+    product = t(f"arith.mulf {a_at(i, k)}, {t(f'tensor.extract {x}[{x_index(k, c)}] : {ty}')} : {elem}")
+    acc = terms.close([t(f"arith.subf {terms.inner[0]}, {product} : {elem}")])[0]
+    value = acc if unit else t(f"arith.divf {acc}, {a_at(i, i)} : {elem}")
+    solved = cols.close([t(f"tensor.insert {value} into {x}[{x_index(i, c)}] : {ty}")])
+    return batch.close(steps.close(solved))
