@@ -148,11 +148,11 @@ def _dynamic_iota(op, t: Text, state):
     return [_generic(t, op.result.type, dims, body, v)]
 
 
-def _pad(t: Text, op, lows: list[str], highs: list[str], interiors: list[str]) -> str:
-    """Pads %a0 with the scalar tensor %a1: lows/highs may be negative, interior >= 0."""
-    in_type = op.operands[0].type
-    rank = _rank(op.operands[0])
-    in_dims = t.dims("%a0", in_type)
+def _pad(t: Text, src: str, src_type: ir.Type, pad_value: str, result_type: ir.Type | str,
+         lows: list[str], highs: list[str], interiors: list[str]) -> str:
+    """Pads `src` with the scalar `pad_value`: lows/highs may be negative, interior >= 0."""
+    rank = ir.RankedTensorType(src_type).rank
+    in_dims = t.dims(src, src_type)
     out_dims = []
     for i in range(rank):
         minus_one = t(f"arith.subi {in_dims[i]}, {t.const(1)} : index")
@@ -160,8 +160,7 @@ def _pad(t: Text, op, lows: list[str], highs: list[str], interiors: list[str]) -
         edges = t(f"arith.addi {lows[i]}, {highs[i]} : index")
         total = t(f"arith.addi {edges}, {t(f'arith.addi {in_dims[i]}, {gaps} : index')} : index")
         out_dims.append(total)
-    pad_value = t(f"tensor.extract %a1[] : {op.operands[1].type}")
-    body, conds, src = [], [], []
+    body, conds, idx = [], [], []
     for i in range(rank):
         step = t(f"arith.addi {interiors[i]}, {t.const(1)} : index")
         body += [f"%p{i} = arith.subi %i{i}, {lows[i]} : index",
@@ -173,33 +172,38 @@ def _pad(t: Text, op, lows: list[str], highs: list[str], interiors: list[str]) -
                  f"%a{i}x = arith.andi %ge{i}, %on{i} : i1",
                  f"%ok{i} = arith.andi %a{i}x, %lt{i} : i1"]
         conds.append(f"%ok{i}")
-        src.append(f"%q{i}")
+        idx.append(f"%q{i}")
     inside = t.const(1, "i1")
     for c in conds:
         n = t.fresh("and")
         body.append(f"{n} = arith.andi {inside}, {c} : i1")
         inside = n
-    elem = _elem(op.result)
+    elem = _elem(ir.Type.parse(str(result_type)))
     body += [f"%val = scf.if {inside} -> ({elem}) {{",
-             f"  %e = tensor.extract %a0[{', '.join(src)}] : {in_type}",
+             f"  %e = tensor.extract {src}[{', '.join(idx)}] : {src_type}",
              "  scf.yield %e : " + elem,
              "} else {",
              f"  scf.yield {pad_value} : {elem}",
              "}"]
-    return _generic(t, op.result.type, out_dims, body, "%val")
+    return _generic(t, ir.Type.parse(str(result_type)), out_dims, body, "%val")
+
+
+def _pad_op(t: Text, op, lows: list[str], highs: list[str], interiors: list[str]) -> str:
+    pad_value = t(f"tensor.extract %a1[] : {op.operands[1].type}")
+    return _pad(t, "%a0", op.operands[0].type, pad_value, op.result.type, lows, highs, interiors)
 
 
 @register_template("stablehlo.dynamic_pad")
 def _dynamic_pad(op, t: Text, state):
     rank = _rank(op.operands[0])
     vec = [[t.extract_index(f"%a{k}", op.operands[k].type, [t.const(i)]) for i in range(rank)] for k in (2, 3, 4)]
-    return [_pad(t, op, *vec)]
+    return [_pad_op(t, op, *vec)]
 
 
 @register_template("stablehlo.pad")
 def _static_pad(op, t: Text, state):
     lows, highs, interiors = ([t.const(v) for v in _ints(op, k)] for k in ("edge_padding_low", "edge_padding_high", "interior_padding"))
-    return [_pad(t, op, lows, highs, interiors)]
+    return [_pad_op(t, op, lows, highs, interiors)]
 
 
 def _static_or(value: ir.Value, i: int, dynamic: str) -> str:
