@@ -247,6 +247,11 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (!rt->sgemm) rt->sgemm = (sgemm_fn)dlsym(rt->blas, "cblas_sgemm");
     rt->dgemm = (dgemm_fn)dlsym(rt->blas, "scipy_cblas_dgemm");
     if (!rt->dgemm) rt->dgemm = (dgemm_fn)dlsym(rt->blas, "cblas_dgemm");
+    /* GEMMs are split over the RAL's own pool: a second pool of spinning BLAS threads would
+     * fight it for the cores */
+    void (*set_threads)(int) = (void (*)(int))dlsym(rt->blas, "scipy_openblas_set_num_threads");
+    if (!set_threads) set_threads = (void (*)(int))dlsym(rt->blas, "openblas_set_num_threads");
+    if (set_threads) set_threads(1);
   }
   if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (num_threads < 1) num_threads = 1;
@@ -462,7 +467,36 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
   return 0;
 }
 
-#define DEFINE_GEMM(NAME, T, FIELD)                                                              \
+/* One GEMM split into row blocks of every batch entry, run on the pool. */
+typedef struct {
+  ral_runtime *rt;
+  int is_double;
+  int64_t m, n, k, lda, ldb, sa_b, sb_b, rows_per_task, tasks_per_batch;
+  int ta, tb;
+  const void *a, *b;
+  void *c;
+} gemm_job;
+
+#define RAL_GEMM_ROWS_MIN 32  /* rows per task: below this, BLAS kernels lose efficiency */
+
+static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
+  const gemm_job *g = data;
+  for (int64_t t = lo; t < hi; t++) {
+    int64_t batch = t / g->tasks_per_batch, row0 = (t % g->tasks_per_batch) * g->rows_per_task;
+    int64_t rows = g->m - row0 < g->rows_per_task ? g->m - row0 : g->rows_per_task;
+    /* row block of op(A): rows advance by lda when A is not transposed, by 1 when it is */
+    int64_t a_off = batch * g->sa_b + row0 * (g->ta == NO_TRANS ? g->lda : 1);
+    int64_t c_off = (batch * g->m + row0) * g->n;
+    if (g->is_double)
+      g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)g->n, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
+                   (const double *)g->b + batch * g->sb_b, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->n);
+    else
+      g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)g->n, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
+                   (const float *)g->b + batch * g->sb_b, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->n);
+  }
+}
+
+#define DEFINE_GEMM(NAME, T, FIELD, IS_DOUBLE)                                                   \
   void NAME(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b,           \
             int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k, int64_t sb_n,   \
             T *c) {                                                                              \
@@ -471,25 +505,32 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
       ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, #NAME ": no BLAS loaded in the runtime");       \
       return;                                                                                    \
     }                                                                                            \
-    if (m == 0 || n == 0) return;                                                                \
+    if (m == 0 || n == 0 || batch == 0) return;                                                  \
     if (k == 0) {                                                                                \
       memset(c, 0, (size_t)(batch * m * n) * sizeof(T));                                         \
       return;                                                                                    \
     }                                                                                            \
-    int ta, tb;                                                                                  \
-    int64_t lda, ldb;                                                                            \
-    if (!blas_layout(sa_m, sa_k, m, k, &ta, &lda) || !blas_layout(sb_k, sb_n, k, n, &tb, &ldb)) { \
+    gemm_job g = {.rt = ctx->rt, .is_double = IS_DOUBLE, .m = m, .n = n, .k = k, .sa_b = sa_b,   \
+                  .sb_b = sb_b, .a = a, .b = b, .c = c};                                         \
+    if (!blas_layout(sa_m, sa_k, m, k, &g.ta, &g.lda) ||                                         \
+        !blas_layout(sb_k, sb_n, k, n, &g.tb, &g.ldb)) {                                         \
       ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": operand has no unit stride");     \
       return;                                                                                    \
     }                                                                                            \
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX) {  \
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || g.lda > INT32_MAX || g.ldb > INT32_MAX) { \
       ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": dims exceed the 32-bit BLAS");     \
       return;                                                                                    \
     }                                                                                            \
-    for (int64_t i = 0; i < batch; i++)                                                          \
-      ctx->rt->FIELD(ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1, a + i * sa_b, (int)lda,        \
-                     b + i * sb_b, (int)ldb, 0, c + i * m * n, (int)n);                          \
+    int threads = ral_runtime_num_threads(ctx->rt);                                              \
+    int64_t blocks = batch >= threads ? 1 : (m + RAL_GEMM_ROWS_MIN - 1) / RAL_GEMM_ROWS_MIN;     \
+    if (blocks > threads) blocks = threads;                                                      \
+    g.rows_per_task = (m + blocks - 1) / blocks;                                                 \
+    g.tasks_per_batch = (m + g.rows_per_task - 1) / g.rows_per_task;                             \
+    if (batch * m * n * k < (1 << 18))                                                           \
+      gemm_tasks(&g, 0, batch * g.tasks_per_batch);                                              \
+    else                                                                                         \
+      ral_parallel_for(ctx, gemm_tasks, &g, 0, batch * g.tasks_per_batch, 1);                   \
   }
 
-DEFINE_GEMM(disc_ral_gemm_f32, float, sgemm)
-DEFINE_GEMM(disc_ral_gemm_f64, double, dgemm)
+DEFINE_GEMM(disc_ral_gemm_f32, float, sgemm, 0)
+DEFINE_GEMM(disc_ral_gemm_f64, double, dgemm, 1)

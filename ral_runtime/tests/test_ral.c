@@ -144,6 +144,25 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   } else {
     CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
   }
+  if (have_blas) {
+    /* large enough to be split into row blocks over the pool; A given transposed */
+    enum { M = 300, N = 70, K = 40 };
+    float *at = malloc(sizeof(float) * M * K), *bb = malloc(sizeof(float) * K * N), *cc = malloc(sizeof(float) * M * N);
+    for (int i = 0; i < M * K; i++) at[i] = (float)((i * 7) % 11) - 5;
+    for (int i = 0; i < K * N; i++) bb[i] = (float)((i * 3) % 7) - 3;
+    disc_ral_gemm_f32(1, M, N, K, at, 0, 1, M, bb, 0, N, 1, cc); /* A[i][k] = at[k * M + i] */
+    int ok = ral_context_status(ctx) == RAL_OK;
+    for (int i = 0; i < M && ok; i++)
+      for (int j = 0; j < N; j++) {
+        float ref = 0;
+        for (int k = 0; k < K; k++) ref += at[k * M + i] * bb[k * N + j];
+        ok &= cc[i * N + j] == ref;
+      }
+    CHECK(ok);
+    free(at);
+    free(bb);
+    free(cc);
+  }
   ral_context_enter(prev);
   ral_context_destroy(ctx);
 }
