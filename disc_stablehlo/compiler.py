@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import tempfile
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from .passes.pipeline import compile_to_llvm
+from .passes.pipeline import LoweredModule, compile_to_llvm
 from .runtime import Executable, default_runtime, ral_library_dir
 from .targets import get_target
 from .targets.x86 import emit_object, link_shared_object
@@ -24,11 +25,13 @@ class CompiledFunction:
     Call it with numpy arrays (numpy out) or JAX arrays (JAX out); results follow the source
     function's pytree (JAX) or come as one array / a tuple (StableHLO modules)."""
 
-    def __init__(self, executable: Executable, imported: Any, llvm_ir: str):
+    def __init__(self, executable: Executable, imported: Any, lowered: LoweredModule):
         self._exe = executable
         self._imported = imported
+        self._shapes = lowered.shapes
         self.signature = executable.signature
-        self.llvm_ir = llvm_ir
+        self.llvm_ir = lowered.llvm_ir
+        self.kernels = list(lowered.kernels)  # parallel loop nests run on the RAL thread pool
         self.compile_count = 1  # native code generations for this function: never more
         self._lock = threading.Lock()
 
@@ -52,6 +55,16 @@ class CompiledFunction:
             return jax.tree_util.tree_unflatten(imp.out_tree, outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    @property
+    def symbolic_result_shapes(self) -> list[tuple[str, ...]]:
+        """Each result's dims as expressions over the dimension variables (e.g. ('b', '2*s'))."""
+        return [tuple(str(self._shapes.facts.canon(d)) for d in dims) for dims in self._shapes.results]
+
+    def shape_report(self) -> str:
+        """Dimension variables, symbolic shapes of arguments, results and intermediates, the
+        facts collected, and which broadcasts rely on which fact."""
+        return self._shapes.report()
+
     def memory_stats(self) -> dict[str, int]:
         return self._exe.runtime.memory_stats()
 
@@ -67,18 +80,25 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], bool]:
     return leaves, uses_jax
 
 
-def compile(fn: Any, *specs: Any, target: str = "x86") -> CompiledFunction:
+def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), target: str = "x86") -> CompiledFunction:
     """Compiles `fn` once for every shape its signature admits.
 
     `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
     `jax.export.symbolic_shape`), a `jax.export.Exported`, or a StableHLO module as text, MLIR
-    bytecode or a portable artifact."""
+    bytecode or a portable artifact.
+
+    `constraints` are facts over the dimension variables (`"s >= 8"`, `"mod(s, 8) == 0"`,
+    `"b <= 64"`, `"s == 2*t"`; a StableHLO module's unnamed dims are `arg0.1` for argument 0,
+    dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
+    `DISC_LOG=shapes` prints the shape report after compiling."""
     imported = frontends.load(fn, *specs)
-    lowered = compile_to_llvm(imported.module, imported.entry)
+    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, tuple(constraints))
+    if "shapes" in os.environ.get("DISC_LOG", "").split(","):
+        print(lowered.shapes.report(), file=sys.stderr)
     tgt = get_target(target)
     obj = emit_object(lowered.llvm_ir, tgt)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(obj, so_path, ral_library_dir())
         exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
-    return CompiledFunction(exe, imported, lowered.llvm_ir)
+    return CompiledFunction(exe, imported, lowered)

@@ -25,6 +25,7 @@ class Imported:
     num_flat_args: int | None = None
     in_tree: Any = None   # pytree structure of the arguments (JAX)
     out_tree: Any = None  # pytree structure of the results (JAX)
+    facts: tuple[str, ...] = ()  # shape constraints the frontend checks itself (JAX's), as text
 
 
 Frontend = Callable[..., Imported]

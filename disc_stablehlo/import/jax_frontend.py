@@ -38,7 +38,17 @@ def _from_jax(fn: Any, *specs: Any) -> Imported:
         entry = find_entry(module)
         sig = signature_from_function(entry, dims, [names[i] for i in kept])
         return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, kept,
-                        len(exported.in_avals), exported.in_tree, exported.out_tree)
+                        len(exported.in_avals), exported.in_tree, exported.out_tree, _explicit_constraints(exported))
+
+
+def _explicit_constraints(exported: Any) -> tuple[str, ...]:
+    """The `constraints=` of `jax.export.symbolic_shape` (JAX asserts them in the module too)."""
+    for aval in exported.in_avals:
+        for d in aval.shape:
+            scope = getattr(d, "scope", None)
+            if scope is not None:
+                return tuple(c.debug_str for c in getattr(scope, "_explicit_constraints", ()))
+    return ()
 
 
 register_frontend(_is_jax, _from_jax)

@@ -98,17 +98,37 @@ def _get_dimension_size(op, t: Text, state):
 
 @register_template("stablehlo.dynamic_broadcast_in_dim")
 def _dynamic_broadcast_in_dim(op, t: Text, state):
+    """Dims the shape analysis settled (known_(non)expanding_dimensions, or static) index the
+    operand through a plain indexing map; an unsettled dynamic dim reads index 0 when the operand
+    dim is 1 at run time. With every dim settled the op is an ordinary broadcast, which the
+    elementwise fusion folds into its consumers."""
     operand, out_type = op.operands[0], op.result.type
-    in_t = ir.RankedTensorType(operand.type)
+    in_t, out_t = ir.RankedTensorType(operand.type), ir.RankedTensorType(out_type)
     bdims = _ints(op, "broadcast_dimensions")
     nonexpanding = set(_ints(op, "known_nonexpanding_dimensions"))
+    expanding = set(_ints(op, "known_expanding_dimensions"))
     dims = _result_dims(t, op, "%a1", op.operands[1].type)
+    settled = {}
+    for i, od in enumerate(bdims):
+        if i in expanding or (not in_t.is_dynamic_dim(i) and in_t.shape[i] == 1 and out_t.shape[od] != 1):
+            settled[i] = "0"
+        elif i in nonexpanding or not in_t.is_dynamic_dim(i):
+            settled[i] = f"d{od}"
+    if len(settled) == in_t.rank:
+        rank = out_t.rank
+        ds = ", ".join(f"d{i}" for i in range(rank))
+        out = t.empty(out_type, dims)
+        name, elem = t.fresh("bcast"), _elem(operand)
+        in_map = ", ".join(settled[i] for i in range(in_t.rank))
+        iterators = ", ".join(['"parallel"'] * rank)
+        t.emit(f"{name} = linalg.generic {{indexing_maps = [affine_map<({ds}) -> ({in_map})>, affine_map<({ds}) -> ({ds})>], "
+               f"iterator_types = [{iterators}]}} ins(%a0 : {operand.type}) outs({out} : {out_type}) {{\n"
+               f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {out_type}")
+        return [name]
     body, index = [], []
     for i, od in enumerate(bdims):
-        if not in_t.is_dynamic_dim(i):
-            index.append(t.const(0) if in_t.shape[i] == 1 and ir.RankedTensorType(out_type).shape[od] != 1 else f"%i{od}")
-        elif i in nonexpanding:
-            index.append(f"%i{od}")
+        if i in settled:
+            index.append(t.const(0) if settled[i] == "0" else f"%i{od}")
         else:  # expanding iff the operand dim is 1 at run time
             one = t(f"arith.cmpi eq, {t.dim('%a0', operand.type, i)}, {t.const(1)} : index")
             n = t.fresh("s")

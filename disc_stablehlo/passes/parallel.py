@@ -172,13 +172,14 @@ def _defined_outside_op(node: ir.Operation, ancestor: ir.Operation) -> bool:
     return True
 
 
-def outline_parallel_loops(module: ir.Module) -> int:
+def outline_parallel_loops(module: ir.Module) -> list[str]:
     """Outlines every outermost scf.parallel (without reductions) of the module's functions;
-    returns how many."""
+    returns the outlined functions' names."""
     state = LoweringState(module)
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     loops = [op for f in funcs for op in walk(f)
              if op.name == "scf.parallel" and not op.results and not _nested_in_parallel(op)]
+    kernels = []
     for op in loops:
         captured = _captured(op)
         if captured is None:
@@ -193,7 +194,8 @@ def outline_parallel_loops(module: ir.Module) -> int:
         state.declared.add(body)
         state.add_function(_unpack_text(par, body, captured, bounds[0]))
         state.add_function(_pack_text(pack, par, captured, bounds))
-    return len(loops)
+        kernels.append(par)
+    return kernels
 
 
 def resolve_function_pointers(module: ir.Module) -> None:

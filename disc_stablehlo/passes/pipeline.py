@@ -9,7 +9,9 @@ import dataclasses
 from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
-from ..bounded_dynamism import extract_guard
+from ..bounded_dynamism import Signature, extract_guard
+from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
+from ..bounded_dynamism.constraints import Constraint, add_constraint_guards, bounds_constraints, record_fact
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
@@ -17,7 +19,7 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .lower import lower_module
 from .signless import make_signless
 from .parallel import outline_parallel_loops, resolve_function_pointers
-from .ops import DIALECTS_LEFT_TO_UPSTREAM
+from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 
 FLATTEN = "inline, symbol-dce"
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
@@ -39,14 +41,22 @@ class LoweredModule:
     llvm_ir: str
     entry: str
     assertions: list[Assertion]  # empty: no guard function
+    shapes: ShapeAnalysis
+    kernels: list[str]           # the parallel loop nests, outlined for the RAL thread pool
 
     @property
     def guard(self) -> str | None:
         return GUARD_FUNCTION if self.assertions else None
 
 
-def compile_to_llvm(module: ir.Module, entry_name: str) -> LoweredModule:
+def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
+                    constraints: tuple[str, ...] = ()) -> LoweredModule:
     with module.context, ir.Location.unknown():
+        # 0. user constraints and #stablehlo.bounds become shape assertions (checked by the guard)
+        entry = _function(module, entry_name)
+        arg_types = list(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
+        checked = [Constraint(c, "user") for c in constraints] + bounds_constraints(signature, arg_types)
+        add_constraint_guards(module, entry, signature, checked)
         # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main)
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
         # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
@@ -54,27 +64,32 @@ def compile_to_llvm(module: ir.Module, entry_name: str) -> LoweredModule:
         # 3. fold constants and shape computations the frontends leave behind
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
         entry = _function(module, entry_name)
-        # 4. shape assertions move into a guard function the host calls before any kernel
+        # 4. symbolic shapes and facts; annotates the ops whose lowering a fact simplifies
+        facts = ShapeFacts()
+        for c in [Constraint(text, "jax export") for text in frontend_facts] + checked:
+            record_fact(facts, c)
+        shapes = analyze(entry, signature, facts)
+        # 5. shape assertions move into a guard function the host calls before any kernel
         assertions = extract_guard(module, entry)
         run_pipeline(module, "builtin.module(canonicalize)", "guard clean-up")  # the guard keeps only shape math
         _mark_entry_points(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
-        # 5. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls
+        # 6. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls
         lower_module(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining lowered ops")
-        # 6. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
+        # 7. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
         make_signless(module)
-        # 7. tensors to buffers (the RAL allocates), loops, LLVM dialect
+        # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
-        # 8. outermost parallel loops run on the RAL thread pool
-        outline_parallel_loops(module)
+        # 9. outermost parallel loops run on the RAL thread pool
+        kernels = outline_parallel_loops(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         _check_only_llvm(module)
-        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions)
+        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions, shapes, kernels)
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation:

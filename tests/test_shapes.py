@@ -1,0 +1,153 @@
+"""Bounded dynamism: symbolic dims, the relations the analysis derives per op family (checked
+against real output shapes at 1, 2, 5 and 10 for every dimension variable), constraints as
+facts and as guards, and the consumers of the facts."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import specs_for
+
+import disc_stablehlo as disc
+from disc_stablehlo.bounded_dynamism.symbolic import Dim, parse, parse_constraint
+
+VALUES = (1, 2, 5, 10)
+
+
+@pytest.mark.parametrize("text, fn", [
+    ("b", lambda b, s: b),
+    ("2*b + 1", lambda b, s: 2 * b + 1),
+    ("b*s - 3", lambda b, s: b * s - 3),
+    ("(b + 1)*(s - 1)", lambda b, s: (b + 1) * (s - 1)),
+    ("mod(s, 3) + b", lambda b, s: s % 3 + b),
+    ("floordiv(s, 4)", lambda b, s: s // 4),
+    ("floordiv(2*s + 4, 2)", lambda b, s: s + 2),
+    ("max(b, s) - min(b, s)", lambda b, s: abs(b - s)),
+])
+def test_symbolic_dims_evaluate(text, fn):
+    d = parse(text)
+    for b, s in itertools.product(VALUES, VALUES):
+        assert d.evaluate({"b": b, "s": s}) == fn(b, s), (text, b, s)
+
+
+def test_symbolic_arithmetic_normalises():
+    b, s = Dim.var("b"), Dim.var("s")
+    assert (b + s) * 2 == parse("2*s + 2*b")
+    assert b * s == s * b
+    assert (b * 4).floordiv(2) == b * 2
+    assert (b + 1 - 1) == b
+    assert parse_constraint("mod(s, 8) == 0")[1] == "=="
+
+
+# programs whose result dims the analysis must express over b and s
+PROGRAMS = [
+    ("elementwise", lambda x: jnp.tanh(x) * 2, [(("b", "s"), np.float32)]),
+    ("concatenate", lambda x, y: jnp.concatenate([x, y, x], axis=1), [(("b", "s"), np.float32), (("b", 3), np.float32)]),
+    ("reshape_merge", lambda x: x.reshape(x.shape[0], -1), [(("b", "s", 4), np.float32)]),
+    ("reshape_flatten", lambda x: x.reshape(-1), [(("b", "s"), np.float32)]),
+    ("transpose", lambda x: x.T, [(("b", "s"), np.float32)]),
+    ("reduce", lambda x: x.sum(0), [(("b", "s"), np.float32)]),
+    ("matmul", lambda x, y: x @ y, [(("b", "s"), np.float32), (("s", 5), np.float32)]),
+    ("broadcast_outer", lambda x, y: x[:, None] * y[None, :], [(("b",), np.float32), (("s",), np.float32)]),
+    ("iota", lambda x: jnp.arange(2 * x.shape[0], dtype=np.float32), [(("b",), np.float32)]),
+    ("keepdims_broadcast", lambda x: x - x.mean(-1, keepdims=True), [(("b", "s"), np.float32)]),
+]
+
+
+@pytest.mark.parametrize("name, fn, args", PROGRAMS, ids=[p[0] for p in PROGRAMS])
+def test_analysis_result_dims_match_real_shapes(name, fn, args):
+    f = disc.compile(fn, *specs_for(args, "b, s"))
+    dims = f.symbolic_result_shapes[0]
+    assert all("#" not in d for d in dims), f"result dims not derived: {dims}"
+    for b, s in itertools.product(VALUES, VALUES):
+        inputs = [np.ones(tuple({"b": b, "s": s}.get(d, d) for d in shape), dt) for shape, dt in args]
+        out = f(*inputs)
+        assert out.shape == tuple(parse(d).evaluate({"b": b, "s": s}) for d in dims), (name, dims, b, s)
+
+
+BROADCAST = """func.func @main(%x: tensor<?x?xf32>, %y: tensor<?x?xf32>) -> tensor<?x?xf32> {
+  %d0 = stablehlo.get_dimension_size %x, dim = 0 : (tensor<?x?xf32>) -> tensor<i32>
+  %d1 = stablehlo.get_dimension_size %x, dim = 1 : (tensor<?x?xf32>) -> tensor<i32>
+  %r0 = stablehlo.reshape %d0 : (tensor<i32>) -> tensor<1xi32>
+  %r1 = stablehlo.reshape %d1 : (tensor<i32>) -> tensor<1xi32>
+  %shape = stablehlo.concatenate %r0, %r1, dim = 0 : (tensor<1xi32>, tensor<1xi32>) -> tensor<2xi32>
+  %yb = stablehlo.dynamic_broadcast_in_dim %y, %shape, dims = [0, 1] : (tensor<?x?xf32>, tensor<2xi32>) -> tensor<?x?xf32>
+  %s = stablehlo.add %x, %yb : tensor<?x?xf32>
+  return %s : tensor<?x?xf32>
+}"""
+
+
+def test_unproven_broadcast_is_checked_at_run_time():
+    f = disc.compile(BROADCAST)
+    assert "checked at run time [0, 1]" in f.shape_report()
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    y1 = np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)
+    np.testing.assert_allclose(f(x, y1), x + y1, rtol=1e-6)  # expands at run time
+
+
+def test_constraint_proves_broadcast_and_is_guarded():
+    f = disc.compile(BROADCAST, constraints=["arg0.0 == arg1.0", "arg0.1 == arg1.1"])
+    report = f.shape_report()
+    assert "non-expanding [0, 1]" in report and "checked at run time []" in report
+    x, y = (np.random.default_rng(i).standard_normal((3, 4)).astype(np.float32) for i in (0, 1))
+    np.testing.assert_allclose(f(x, y), x + y, rtol=1e-6)
+    with pytest.raises(disc.ShapeError, match=r"constraint 'arg0.0 == arg1.0' \(user\) violated: arg0.0 = 3, arg1.0 = 1 "
+                                              r"\(arg0.0 is argument 'arg0' dim 0; arg1.0 is argument 'arg1' dim 0\)"):
+        f(x, y[:1])
+
+
+@pytest.fixture(scope="module")
+def constrained():
+    return disc.compile(lambda x: x * 2, *specs_for([(("b", "s"), np.float32)], "b, s"),
+                        constraints=["s >= 8", "mod(s, 4) == 0", "b <= 16"])
+
+
+@pytest.mark.parametrize("shape, match", [
+    ((2, 4), r"constraint 's >= 8' \(user\) violated: s = 4 \(s is argument 'args\[0\]' dim 1\)"),
+    ((2, 10), r"constraint 'mod\(s, 4\) == 0' \(user\) violated: s = 10"),
+    ((17, 8), r"constraint 'b <= 16' \(user\) violated: b = 17 \(b is argument 'args\[0\]' dim 0\)"),
+])
+def test_user_constraints_are_guards(constrained, shape, match):
+    with pytest.raises(disc.ShapeError, match=match):
+        constrained(np.ones(shape, np.float32))
+    np.testing.assert_array_equal(constrained(np.ones((16, 12), np.float32)), np.full((16, 12), 2, np.float32))
+
+
+def test_user_constraints_become_facts(constrained):
+    report = constrained.shape_report()
+    assert "s (>= 8, divisible by 4)" in report and "b (<= 16)" in report
+
+
+def test_jax_constraints_become_facts():
+    from jax import export
+
+    b, s = export.symbolic_shape("b, s", constraints=["s >= 2", "b <= 64"])
+    f = disc.compile(lambda x: x + 1, jax.ShapeDtypeStruct((b, s), jnp.float32))
+    assert "s (>= 2)" in f.shape_report() and "[jax export]" in f.shape_report()
+
+
+def test_stablehlo_bounds_are_guards():
+    f = disc.compile("""func.func @main(%x: tensor<?x4xf32, #stablehlo.bounds<16, ?>>) -> tensor<?x4xf32> {
+      %0 = stablehlo.negate %x : tensor<?x4xf32, #stablehlo.bounds<16, ?>>
+      %1 = stablehlo.convert %0 : (tensor<?x4xf32, #stablehlo.bounds<16, ?>>) -> tensor<?x4xf32>
+      return %1 : tensor<?x4xf32>
+    }""")
+    np.testing.assert_array_equal(f(np.ones((16, 4), np.float32)), -np.ones((16, 4), np.float32))
+    with pytest.raises(disc.ShapeError, match=r"'arg0.0 <= 16' \(#stablehlo.bounds\) violated: arg0.0 = 17"):
+        f(np.ones((17, 4), np.float32))
+
+
+def test_unknown_constraint_variable_is_a_compile_error():
+    with pytest.raises(disc.CompileError, match="'t', which is not a dimension variable"):
+        disc.compile(lambda x: x, *specs_for([(("b",), np.float32)], "b"), constraints=["t >= 2"])
+
+
+def test_disc_log_shapes_prints_the_report(monkeypatch, capsys):
+    monkeypatch.setenv("DISC_LOG", "shapes")
+    disc.compile(lambda x: x.sum(-1), *specs_for([(("b", "s"), np.float32)], "b, s"))
+    err = capsys.readouterr().err
+    assert "dimension variables:" in err and "args[0]: [b, s]" in err
