@@ -3,7 +3,7 @@
 
     python3 dev.py demo     # compile an encoder layer once, run it at many shapes
     python3 dev.py test     # the RAL's C tests, then the Python test suite
-    python3 dev.py bench    # benchmarks/ (side by side with jax.jit)
+    python3 dev.py bench    # benchmarks/: the trace against jax.jit, then peak memory
 
 The first call makes .venv and installs the package (building ral_runtime) with its pinned
 dependencies; later calls reuse it and reinstall only when pyproject.toml or ral_runtime change."""
@@ -72,6 +72,7 @@ def main() -> int:
         run(PY, "-m", "pytest", "-q", "-n", "2", *sys.argv[2:], cwd=ROOT, env=env)
     else:
         run(PY, ROOT / "benchmarks" / "encoder_trace.py", *sys.argv[2:], env=env)
+        run(PY, ROOT / "benchmarks" / "encoder_memory.py", env=env)
     return 0
 
 

@@ -80,7 +80,7 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], bool]:
     return leaves, uses_jax
 
 
-def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), target: str = "x86") -> CompiledFunction:
+def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), target: str = "x86", buffer_reuse: bool = True) -> CompiledFunction:
     """Compiles `fn` once for every shape its signature admits.
 
     `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
@@ -90,9 +90,10 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), target: str =
     `constraints` are facts over the dimension variables (`"s >= 8"`, `"mod(s, 8) == 0"`,
     `"b <= 64"`, `"s == 2*t"`; a StableHLO module's unnamed dims are `arg0.1` for argument 0,
     dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
-    `DISC_LOG=shapes` prints the shape report after compiling."""
+    `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
+    buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
     imported = frontends.load(fn, *specs)
-    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, tuple(constraints))
+    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
     tgt = get_target(target)

@@ -148,17 +148,19 @@ def test_no_memory_growth_across_calls():
     assert after["bytes_cached"] == before["bytes_cached"]
 
 
-def test_loop_temporaries_are_freed_inside_the_call():
+@pytest.mark.parametrize("buffer_reuse", [True, False])
+def test_loop_temporaries_are_freed_inside_the_call(buffer_reuse):
     """A 500-iteration loop over a 64 KiB state must not keep every iteration's buffers."""
     f = disc.compile(lambda x: jax.lax.fori_loop(0, 500, lambda i, c: jnp.tanh(c) * 0.5 + x, x),
-                     *specs_for([(("n", 128), np.float32)], "n"))
+                     *specs_for([(("n", 128), np.float32)], "n"), buffer_reuse=buffer_reuse)
     x = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
     runtime = f._exe.runtime
     f(x)
     runtime.reset_peak()
     base = runtime.memory_stats()["bytes_in_use"]
     y = f(x)
-    assert runtime.memory_stats()["peak_bytes"] - base < 20 * x.nbytes
+    peak = runtime.memory_stats()["peak_bytes"] - base
+    assert (peak < 20 * x.nbytes) if buffer_reuse else (peak > 400 * x.nbytes)
     ref = x
     for _ in range(500):
         ref = np.tanh(ref) * 0.5 + x

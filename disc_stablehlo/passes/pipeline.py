@@ -16,6 +16,7 @@ from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
+from .buffers import free_after_last_use
 from .lower import lower_module
 from .signless import make_signless
 from .parallel import outline_parallel_loops, resolve_function_pointers
@@ -26,7 +27,9 @@ LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
 BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
-             "allow-return-allocs-from-loops}, canonicalize, buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize")
+             "allow-return-allocs-from-loops}, canonicalize")
+# buffers are freed after their last use, so the RAL's cache hands their memory to later buffers
+FREE_AFTER_LAST_USE = "buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize"
 TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), canonicalize"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",
@@ -50,7 +53,7 @@ class LoweredModule:
 
 
 def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
-                    constraints: tuple[str, ...] = ()) -> LoweredModule:
+                    constraints: tuple[str, ...] = (), buffer_reuse: bool = True) -> LoweredModule:
     with module.context, ir.Location.unknown():
         # 0. user constraints and #stablehlo.bounds become shape assertions (checked by the guard)
         entry = _function(module, entry_name)
@@ -82,6 +85,9 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         make_signless(module)
         # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
+        if buffer_reuse:
+            run_pipeline(module, f"builtin.module({FREE_AFTER_LAST_USE})", "buffer deallocation")
+            free_after_last_use(module)
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
         # 9. outermost parallel loops run on the RAL thread pool
         kernels = outline_parallel_loops(module)
