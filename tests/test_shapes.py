@@ -151,3 +151,25 @@ def test_disc_log_shapes_prints_the_report(monkeypatch, capsys):
     disc.compile(lambda x: x.sum(-1), *specs_for([(("b", "s"), np.float32)], "b, s"))
     err = capsys.readouterr().err
     assert "dimension variables:" in err and "args[0]: [b, s]" in err
+
+
+def test_facts_are_saved_in_and_loaded_from_the_ir(tmp_path, monkeypatch):
+    import glob
+
+    monkeypatch.setenv("DISC_SAVE_TEMPS", str(tmp_path))
+    disc.compile("""func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+      %0 = stablehlo.negate %x : tensor<?x4xf32>
+      return %0 : tensor<?x4xf32>
+    }""", constraints=["arg0.0 >= 2"])
+    saved = open(glob.glob(str(tmp_path / "after_guard_clean-up*.mlir"))[0]).read()
+    assert 'disc.shape_facts = ["arg0.0 >= 2 [user]"]' in saved
+    assert 'disc.symbolic_dims = ["arg0.0", "4"]' in saved
+    monkeypatch.delenv("DISC_SAVE_TEMPS")
+    f = disc.compile("""module attributes {disc.shape_facts = ["arg0.0 >= 3 [an earlier compile]"]} {
+      func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+        %0 = stablehlo.negate %x : tensor<?x4xf32>
+        return %0 : tensor<?x4xf32>
+      }
+    }""")
+    assert "arg0.0 >= 3  [an earlier compile]" in f.shape_report()
+    assert "arg0.0 (>= 3)" in f.shape_report()

@@ -341,6 +341,31 @@ def _select(w: _Walker, op: ir.Operation):
     return [_same_shape(w, list(op.operands[1:]) + ([op.operands[0]] if op.operands[0].type.rank else []), "select operands")]
 
 
+FACTS_ATTR = "disc.shape_facts"      # module: ["s >= 8 [user]", "arg0.0 == arg1.0 [op semantics]", ...]
+DIMS_ATTR = "disc.symbolic_dims"     # entry argument: ["b", "s", "8"]
+
+
+def save_to_ir(module: ir.Module, entry: ir.Operation, analysis: ShapeAnalysis) -> None:
+    """Writes the facts (module attribute) and the arguments' symbolic dims (argument
+    attributes) into the IR: attributes survive every pass and travel with a saved module."""
+    module.operation.attributes[FACTS_ATTR] = ir.ArrayAttr.get(
+        [ir.StringAttr.get(f"{f.text} [{f.source}]") for f in analysis.facts.facts])
+    attrs = [ir.DictAttr.get({DIMS_ATTR: ir.ArrayAttr.get([ir.StringAttr.get(str(analysis.facts.canon(d))) for d in dims])})
+             for _, dims in analysis.args]
+    entry.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+
+
+def load_from_ir(module: ir.Module, facts: ShapeFacts) -> None:
+    """Reads back facts a module carries (a module compiled before and saved)."""
+    from .constraints import Constraint, record_fact
+
+    if FACTS_ATTR not in module.operation.attributes:
+        return
+    for item in ir.ArrayAttr(module.operation.attributes[FACTS_ATTR]):
+        text, _, source = ir.StringAttr(item).value.rpartition(" [")
+        record_fact(facts, Constraint(text, source.rstrip("]")))
+
+
 def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> ShapeAnalysis:
     """Runs the analysis over the entry function (after inlining) and annotates its ops."""
     w = _Walker(facts)

@@ -10,7 +10,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
 from ..bounded_dynamism import Signature, extract_guard
-from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
+from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze, load_from_ir, save_to_ir
 from ..bounded_dynamism.constraints import Constraint, add_constraint_guards, bounds_constraints, record_fact
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
@@ -69,9 +69,11 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         entry = _function(module, entry_name)
         # 4. symbolic shapes and facts; annotates the ops whose lowering a fact simplifies
         facts = ShapeFacts()
+        load_from_ir(module, facts)
         for c in [Constraint(text, "jax export") for text in frontend_facts] + checked:
             record_fact(facts, c)
         shapes = analyze(entry, signature, facts)
+        save_to_ir(module, entry, shapes)
         # 5. shape assertions move into a guard function the host calls before any kernel
         assertions = extract_guard(module, entry)
         run_pipeline(module, "builtin.module(canonicalize)", "guard clean-up")  # the guard keeps only shape math
