@@ -37,18 +37,22 @@ class CompiledFunction:
 
     def __call__(self, *args: Any) -> Any:
         imp = self._imported
-        leaves, uses_jax = _flatten(args, imp.in_tree is not None)
+        leaves, kind = _flatten(args, imp.in_tree is not None)
         if imp.kept_args is not None:
             if len(leaves) != imp.num_flat_args:
                 from .errors import ShapeError
 
                 raise ShapeError(f"expected {imp.num_flat_args} array arguments, got {len(leaves)}")
             leaves = [leaves[i] for i in imp.kept_args]
-        outs = self._exe.run([np.asarray(x) for x in leaves])
-        if uses_jax:
+        outs = self._exe.run([x.detach().cpu().numpy() if kind == "torch" else np.asarray(x) for x in leaves])
+        if kind == "jax":
             import jax.numpy as jnp
 
             outs = [jnp.asarray(o) for o in outs]
+        elif kind == "torch":
+            import torch
+
+            outs = [torch.from_numpy(o) for o in outs]  # shares the buffer, no copy
         if imp.out_tree is not None:
             import jax
 
@@ -69,31 +73,35 @@ class CompiledFunction:
         return self._exe.runtime.memory_stats()
 
 
-def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], bool]:
+def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
+    """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
     if pytree:
         import jax
 
         leaves = jax.tree_util.tree_leaves(args)
     else:
         leaves = list(args)
-    uses_jax = any(type(x).__module__.startswith("jax") for x in leaves)
-    return leaves, uses_jax
+    modules = {type(x).__module__.split(".")[0] for x in leaves}
+    return leaves, "jax" if "jax" in modules or "jaxlib" in modules else "torch" if "torch" in modules else "numpy"
 
 
-def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), target: str = "x86", buffer_reuse: bool = True) -> CompiledFunction:
+def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shapes: Any = None, target: str = "x86",
+            buffer_reuse: bool = True) -> CompiledFunction:
     """Compiles `fn` once for every shape its signature admits.
 
     `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
     `jax.export.symbolic_shape`), a `jax.export.Exported`, or a StableHLO module as text, MLIR
-    bytecode or a portable artifact.
+    bytecode or a portable artifact, or a `torch.nn.Module` with example inputs and
+    `dynamic_shapes=` in `torch.export` conventions (or a `torch.export.ExportedProgram`).
 
     `constraints` are facts over the dimension variables (`"s >= 8"`, `"mod(s, 8) == 0"`,
     `"b <= 64"`, `"s == 2*t"`; a StableHLO module's unnamed dims are `arg0.1` for argument 0,
     dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
     buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
-    imported = frontends.load(fn, *specs)
-    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, tuple(constraints), buffer_reuse)
+    imported = frontends.load(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
+    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
+                              tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
     tgt = get_target(target)

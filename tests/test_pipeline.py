@@ -14,7 +14,7 @@ import disc_stablehlo as disc
 
 
 def test_every_pipeline_piece_parses():
-    names = ["FLATTEN", "LEGALIZE_CHLO", "SIMPLIFY", "TO_LINALG", "BUFFERIZE", "FREE_AFTER_LAST_USE", "TO_LOOPS", "TO_LLVM"]
+    names = ["FLATTEN", "SHAPE_TO_STD", "LEGALIZE_CHLO", "SIMPLIFY", "TO_LINALG", "BUFFERIZE", "FREE_AFTER_LAST_USE", "TO_LOOPS", "TO_LLVM"]
     code = ("import disc_stablehlo.mlir_support as m\nfrom disc_stablehlo.passes import pipeline as p\n"
             "from torch_mlir import passmanager\nwith m.new_context():\n"
             + "".join(f"    passmanager.PassManager.parse('builtin.module(' + p.{n} + ')')\n" for n in names))

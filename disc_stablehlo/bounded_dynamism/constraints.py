@@ -69,11 +69,15 @@ class _Emitter:
     def __init__(self, signature: Signature):
         self.lines: list[str] = []
         self.n = 0
-        self.sources: dict[str, tuple[int, int]] = {}
+        # variable -> (argument, dim, k, c) where that dim's size is k*variable + c
+        self.sources: dict[str, tuple[int, int, int, int]] = {}
         for k, spec in enumerate(signature.args):
             for j, d in enumerate(spec.shape):
-                if isinstance(d, str) and re.fullmatch(r"[A-Za-z_][\w.]*", d):
-                    self.sources.setdefault(d, (k, j))
+                if isinstance(d, str):
+                    expr = Dim.of(d)
+                    linear = [m for m in expr.terms if m]
+                    if len(linear) == 1 and len(linear[0]) == 1:
+                        self.sources.setdefault(linear[0][0], (k, j, expr.terms[linear[0]], expr.terms.get((), 0)))
         self.cache: dict[str, str] = {}
 
     def value(self, rhs: str) -> str:
@@ -100,9 +104,13 @@ class _Emitter:
             op = {"mod": "remainder", "floordiv": "divide", "max": "maximum", "min": "minimum"}[m.group(1)]
             v = self.value(f"stablehlo.{op} {a}, {b} : tensor<i64>")
         elif name in self.sources:
-            k, j = self.sources[name]
+            k, j, coeff, const = self.sources[name]
             size = self.value(f"stablehlo.get_dimension_size %a{k}, dim = {j} : ({arg_types[k]}) -> tensor<i32>")
             v = self.value(f"stablehlo.convert {size} : (tensor<i32>) -> tensor<i64>")
+            if const:
+                v = self.value(f"stablehlo.subtract {v}, {self.const(const)} : tensor<i64>")
+            if coeff != 1:
+                v = self.value(f"stablehlo.divide {v}, {self.const(coeff)} : tensor<i64>")
         else:
             raise CompileError(f"constraint uses '{name}', which is not a dimension variable of the arguments "
                                f"(known: {', '.join(sorted(self.sources)) or 'none'})")

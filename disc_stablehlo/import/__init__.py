@@ -25,7 +25,9 @@ class Imported:
     num_flat_args: int | None = None
     in_tree: Any = None   # pytree structure of the arguments (JAX)
     out_tree: Any = None  # pytree structure of the results (JAX)
-    facts: tuple[str, ...] = ()  # shape constraints the frontend checks itself (JAX's), as text
+    facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
+    checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
+    torch_io: bool = False         # torch tensors in and out
 
 
 Frontend = Callable[..., Imported]
@@ -37,10 +39,11 @@ def register_frontend(accepts: Callable[[Any], bool], convert: Frontend) -> None
     _FRONTENDS.append((accepts, convert))
 
 
-def load(obj: Any, *specs: Any) -> Imported:
+def load(obj: Any, *specs: Any, **options: Any) -> Imported:
+    """`options` are frontend-specific (`dynamic_shapes=` for PyTorch)."""
     for accepts, convert in _FRONTENDS:
         if accepts(obj):
-            return convert(obj, *specs)
+            return convert(obj, *specs, **options)
     raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
                        "specs, a jax.export.Exported, or a StableHLO module (text, bytecode or portable artifact)")
 
@@ -99,4 +102,5 @@ def _from_stablehlo(source: str | bytes, *specs: Any) -> Imported:
 
 register_frontend(lambda obj: isinstance(obj, (str, bytes, bytearray)), _from_stablehlo)
 
+from . import torch_frontend  # noqa: E402,F401  (registers itself; before JAX's, which takes any callable)
 from . import jax_frontend  # noqa: E402,F401  (registers itself)

@@ -23,6 +23,10 @@ from .parallel import outline_parallel_loops, resolve_function_pointers
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 
 FLATTEN = "inline, symbol-dce"
+# torch-mlir's StableHLO computes shapes with the shape dialect; its broadcast constraints were
+# proven by torch.export, so they are dropped and the shape arithmetic becomes tensor/arith
+SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-constraints), canonicalize, "
+                "convert-shape-to-std, canonicalize, cse")
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
@@ -53,15 +57,21 @@ class LoweredModule:
 
 
 def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
-                    constraints: tuple[str, ...] = (), buffer_reuse: bool = True) -> LoweredModule:
+                    frontend_unchecked: tuple[str, ...] = (), constraints: tuple[str, ...] = (),
+                    buffer_reuse: bool = True) -> LoweredModule:
+    """`frontend_facts` the frontend checks itself (JAX's); `frontend_unchecked` it knows but does
+    not check (torch.export's dim ranges); `constraints` the user's. The last two get guards."""
     with module.context, ir.Location.unknown():
         # 0. user constraints and #stablehlo.bounds become shape assertions (checked by the guard)
         entry = _function(module, entry_name)
         arg_types = list(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
-        checked = [Constraint(c, "user") for c in constraints] + bounds_constraints(signature, arg_types)
+        checked = ([Constraint(c, "torch.export") for c in frontend_unchecked] + [Constraint(c, "user") for c in constraints]
+                   + bounds_constraints(signature, arg_types))
         add_constraint_guards(module, entry, signature, checked)
-        # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main)
+        # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main);
+        #    shape-dialect computations (torch-mlir's) become tensor/arith
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        run_pipeline(module, f"builtin.module({SHAPE_TO_STD})", "shape dialect lowering")
         # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
         run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
         # 3. fold constants and shape computations the frontends leave behind

@@ -1,0 +1,130 @@
+"""PyTorch frontend: `torch.export` (with `torch.export.Dim`, derived dims such as `2 * h`), then
+torch-mlir's FX importer with StableHLO output. The ExportedProgram's range constraints (which
+torch-mlir's StableHLO drops) become checked constraints, and its symbols name the dims."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from torch_mlir import ir
+
+from ..bounded_dynamism import signature_from_function
+from ..errors import CompileError
+from . import Imported, find_entry, parse_stablehlo, register_frontend
+
+
+def _is_torch(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # never import torch for another frontend's input
+    return torch is not None and isinstance(obj, (torch.nn.Module, torch.export.ExportedProgram))
+
+
+def _cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
+    """cumsum as a product with an upper-triangular matrix of ones (torch-mlir cannot lower
+    aten.cumsum to StableHLO): y[..., j] = sum_{i <= j} x[..., i]."""
+    import torch
+
+    if dtype is not None:
+        x = x.to(dtype)
+    elif not x.dtype.is_floating_point:
+        x = x.to(torch.int64)  # torch's integer cumsum accumulates in int64
+    moved = x.movedim(dim, -1)
+    n = moved.shape[-1]
+    tri = torch.ones(n, n, dtype=x.dtype, device=x.device).triu()
+    return (moved @ tri).movedim(-1, dim)
+
+
+def _decompositions() -> dict:
+    """torch-mlir's table, plus torch's own RNN decompositions and our cumsum."""
+    import torch
+    import torch_mlir.fx as fx
+
+    table = dict(fx.get_decomposition_table())
+    ops = torch.ops.aten
+    table.update(torch._decomp.get_decompositions([ops.gru.input, ops.lstm.input, ops.rnn_tanh.input, ops.rnn_relu.input]))
+    table[ops.cumsum.default] = _cumsum
+    return table
+
+
+def _range_constraints(ep: Any) -> tuple[str, ...]:
+    """'s0 >= 2', 's0 <= 512' for each symbol with finite bounds."""
+    texts = []
+    for sym, vr in ep.range_constraints.items():
+        lo, hi = vr.lower, vr.upper
+        if lo is not None and int(lo) > 0:
+            texts.append(f"{sym} >= {int(lo)}")
+        if hi is not None and hi.is_finite and int(hi) < 2**62:
+            texts.append(f"{sym} <= {int(hi)}")
+    return tuple(texts)
+
+
+def _dim_names(model: Any, dynamic_shapes: Any, dims: list[tuple[int | str, ...]]) -> dict[str, str]:
+    """torch.export's symbol (s77) -> the name of the user's `Dim` for it (batch)."""
+    import inspect
+
+    import torch
+
+    if dynamic_shapes is None:
+        return {}
+    if isinstance(dynamic_shapes, dict):
+        params = list(inspect.signature(model.forward).parameters)
+        specs = [dynamic_shapes.get(p) for p in params]
+    else:
+        specs = list(dynamic_shapes)
+    names: dict[str, str] = {}
+    for spec, shape in zip(specs, dims):
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        for axis, dim in items:
+            expr = shape[axis] if axis < len(shape) else None
+            symbols = set(re.findall(r"\bs\d+\b", expr)) if isinstance(expr, str) else set()
+            root = getattr(dim, "root", dim)  # 2 * Dim("h") names its root h
+            if len(symbols) == 1 and isinstance(root, torch.export.Dim):
+                names.setdefault(symbols.pop(), root.__name__)
+    return names
+
+
+def _rename(text: str, names: dict[str, str]) -> str:
+    return re.sub(r"\b(s\d+)\b", lambda m: names.get(m.group(1), m.group(1)), text)
+
+
+def _input_dims(ep: Any) -> list[tuple[int | str, ...]]:
+    """Per user input, its dims: ints, or the symbolic expression torch.export gave them."""
+    user_inputs = set(ep.graph_signature.user_inputs)
+    dims = []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in user_inputs:
+            val = node.meta["val"]
+            dims.append(tuple(int(d) if isinstance(d, int) or getattr(d.node, "is_constant", lambda: False)() else
+                              str(d.node.expr).replace(" ", "") for d in val.shape))
+    return dims
+
+
+def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> Imported:
+    import torch
+    import torch_mlir.fx as fx
+
+    if isinstance(model, torch.export.ExportedProgram):
+        ep = model
+    else:
+        args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        try:
+            ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
+        except Exception as e:
+            raise CompileError(f"torch.export failed: {e}") from None
+    try:
+        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions())
+    except Exception as e:
+        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {e}") from None
+    module = parse_stablehlo(str(mlir))
+    dims = _input_dims(ep)
+    names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
+    dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
+    constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
+    with module.context:
+        entry = find_entry(module)
+        sig = signature_from_function(entry, dims, list(ep.graph_signature.user_inputs))
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints, torch_io=True)
+
+
+register_frontend(_is_torch, _from_torch)
