@@ -100,6 +100,11 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
     buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
     imported = frontends.load(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
+    return compile_imported(imported, constraints, target, buffer_reuse)
+
+
+def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str = "x86", buffer_reuse: bool = True) -> CompiledFunction:
+    """The stages after the frontend (for frontends called from elsewhere, e.g. the dynamo backend)."""
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):

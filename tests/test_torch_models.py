@@ -102,3 +102,31 @@ def test_dim_range_is_a_guard():
         compiled(torch.randn(9, 16))
     with pytest.raises(disc.ShapeError, match=r"'b >= 2' \(torch.export\) violated: b = 1"):
         compiled(torch.randn(1, 16))
+
+
+class BlockWithBreak(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.ln = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.a(x))
+        if h.sum().item() > 1e9:  # data-dependent Python branch: a graph break
+            h = h * 0
+        return self.ln(self.b(h) + x)
+
+
+def test_torch_compile_backend_compiles_each_graph_once(monkeypatch):
+    import disc_stablehlo.compiler as compiler
+
+    calls = []
+    real = compiler.compile_imported
+    monkeypatch.setattr(compiler, "compile_imported", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch._dynamo.reset()
+    model = BlockWithBreak().eval()
+    compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+    with torch.no_grad():
+        for b, s in [(2, 3), (4, 7), (3, 11)]:
+            x = torch.randn(b, s, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(calls) == 2  # the graphs on either side of the break, each compiled once for all shapes

@@ -35,6 +35,16 @@ def _cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
     return (moved @ tri).movedim(-1, dim)
 
 
+def _drop_guard_calls(ep: Any) -> None:
+    """torch.export may record its input guards as a `_guards_fn` call in the graph, which
+    torch-mlir cannot import; the compiled function checks its inputs itself."""
+    guards = [n for n in ep.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
+    for node in guards:
+        ep.graph.erase_node(node)
+    if guards:
+        ep.graph_module.recompile()
+
+
 def _decompositions() -> dict:
     """torch-mlir's table, plus torch's own RNN decompositions and our cumsum."""
     import torch
@@ -112,6 +122,7 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
             ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
         except Exception as e:
             raise CompileError(f"torch.export failed: {e}") from None
+    _drop_guard_calls(ep)
     try:
         mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions())
     except Exception as e:
@@ -128,3 +139,74 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
 
 
 register_frontend(_is_torch, _from_torch)
+
+
+def _from_fx_graph(gm: Any, example_inputs: list) -> Imported:
+    """An ATen-level FX graph (AOTAutograd's, under dynamo). Dynamic sizes arrive as separate
+    integer inputs; the entry takes the tensors only and reads each size from the tensor dim
+    that carries the same symbol."""
+    import torch
+    import torch_mlir.fx as fx
+
+    tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+    where: dict[str, tuple[int, int]] = {}  # symbol -> (tensor argument, dim)
+    for k, i in enumerate(tensors):
+        for d, size in enumerate(example_inputs[i].shape):
+            if isinstance(size, torch.SymInt):
+                where.setdefault(str(size.node.expr), (k, d))
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor) and str(getattr(getattr(x, "node", None), "expr", "")) not in where:
+            raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
+    try:
+        mlir = fx.stateless_fx_import(gm, output_type="stablehlo")
+    except Exception as e:
+        raise CompileError(f"torch-mlir could not convert the graph to StableHLO: {e}") from None
+    module = parse_stablehlo(str(mlir))
+    with module.context:
+        inner = find_entry(module)
+        ftype = ir.FunctionType(ir.TypeAttr(inner.attributes["function_type"]).value)
+        params, args, body = [], [], []
+        for i, (x, t) in enumerate(zip(example_inputs, ftype.inputs)):
+            if isinstance(x, torch.Tensor):
+                params.append(f"%t{i}: {t}")
+                args.append(f"%t{i}")
+            else:
+                k, d = where[str(x.node.expr)]
+                tensor = tensors[k]
+                body += [f"%c{i} = arith.constant {d} : index", f"%d{i} = tensor.dim %t{tensor}, %c{i} : {ftype.inputs[tensor]}",
+                         f"%s{i} = arith.index_cast %d{i} : index to {t}"]
+                args.append(f"%s{i}")
+        results = ", ".join(map(str, ftype.results))
+        name = ir.StringAttr(inner.attributes["sym_name"]).value
+        body += [f"%r:{len(ftype.results)} = func.call @{name}({', '.join(args)}) : ({', '.join(map(str, ftype.inputs))}) -> ({results})",
+                 f"return {', '.join(f'%r#{j}' for j in range(len(ftype.results)))} : {results}"]
+        declaration = f"func.func private @{name}({', '.join(map(str, ftype.inputs))}) -> ({results})\n"
+        text = declaration + f"func.func @disc_entry({', '.join(params)}) -> ({results}) {{\n  " + "\n  ".join(body) + "\n}"
+        inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        parsed = ir.Module.parse(text)  # must outlive the move
+        entry = parsed.body.operations[1].operation
+        entry.move_before(inner)
+        entry = find_entry(module)
+        dims = [tuple(str(d.node.expr) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape) for i in tensors]
+        sig = signature_from_function(entry, dims, [f"input{i}" for i in tensors])
+        return Imported(module, "disc_entry", sig, torch_io=True)
+
+
+def dynamo_backend(gm: Any, example_inputs: list) -> Any:
+    """`torch.compile(model, backend="disc_stablehlo", dynamic=True)`: AOTAutograd lowers each
+    captured graph to ATen and each is compiled once for its symbolic sizes (graph breaks run in
+    PyTorch, as with every backend). Registered through the `torch_dynamo_backends` entry point."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    from ..compiler import compile_imported
+
+    def forward_compiler(graph: Any, inputs: list) -> Any:
+        compiled = compile_imported(_from_fx_graph(graph, inputs))
+
+        def run(*args):
+            out = compiled(*[a for a in args if isinstance(a, torch.Tensor)])
+            return out if isinstance(out, tuple) else (out,)
+        run.disc_compiled = compiled
+        return run
+    return aot_autograd(fw_compiler=forward_compiler, decompositions=_decompositions())(gm, example_inputs)
