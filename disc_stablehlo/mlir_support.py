@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch_mlir.dialects.torch  # noqa: F401  (registers the StableHLO->linalg passes)
 from torch_mlir import ir, passmanager
@@ -96,10 +96,25 @@ def save_temp(name: str, text: str) -> str:
     return path
 
 
-def replace_op(op: ir.Operation, build: Callable[[], list[ir.Value]]) -> None:
-    """Builds replacement values before `op`, rewires its uses, erases it."""
-    with ir.InsertionPoint(op), op.location:
-        new_values = build()
-    for old, new in zip(op.results, new_values):
-        old.replace_all_uses_with(new)
-    op.erase()
+def operation(x) -> ir.Operation:
+    """The Operation behind an OpView (a use's owner, a module body entry)."""
+    return x.operation if hasattr(x, "operation") else x
+
+
+def is_inside(op: ir.Operation | None, ancestor: ir.Operation) -> bool:
+    """Whether `op` is `ancestor` or nested in it."""
+    while op is not None:
+        if op == ancestor:
+            return True
+        op = op.parent
+    return False
+
+
+def new_private_function(module: ir.Module, name: str, arg_types: list[ir.Type],
+                         result_types: list[ir.Type]) -> tuple[ir.Operation, ir.Block]:
+    """An empty private func.func at the top of the module, and its entry block."""
+    with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
+        func = ir.Operation.create("func.func", regions=1, attributes={
+            "sym_name": ir.StringAttr.get(name), "sym_visibility": ir.StringAttr.get("private"),
+            "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))})
+    return func, func.regions[0].blocks.append(*arg_types)

@@ -146,6 +146,8 @@ _RULES: dict[str, Rule] = {}
 def _rule(*names: str) -> Callable[[Rule], Rule]:
     def deco(fn: Rule) -> Rule:
         for n in names:
+            if n in _RULES:
+                raise ValueError(f"a shape rule for {n} is registered already")
             _RULES[n] = fn
         return fn
     return deco
@@ -202,7 +204,7 @@ _ARITH = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b
           "stablehlo.multiply": lambda a, b: a * b}
 
 
-@_rule(*(f"stablehlo.{n}" for n in ELEMENTWISE))
+@_rule(*(f"stablehlo.{n}" for n in ELEMENTWISE - {"select"}))  # select: its own rule (scalar predicate)
 def _elementwise(w: _Walker, op: ir.Operation):
     dims = _same_shape(w, list(op.operands), f"{op.name} operands")
     contents = [w.content.get(v) for v in op.operands]

@@ -27,7 +27,6 @@ class Imported:
     out_tree: Any = None  # pytree structure of the results (JAX)
     facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
     checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
-    torch_io: bool = False         # torch tensors in and out
 
 
 Frontend = Callable[..., Imported]

@@ -135,7 +135,7 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
     with module.context:
         entry = find_entry(module)
         sig = signature_from_function(entry, dims, list(ep.graph_signature.user_inputs))
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints, torch_io=True)
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints)
 
 
 register_frontend(_is_torch, _from_torch)
@@ -189,7 +189,7 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Imported:
         entry = find_entry(module)
         dims = [tuple(str(d.node.expr) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape) for i in tensors]
         sig = signature_from_function(entry, dims, [f"input{i}" for i in tensors])
-        return Imported(module, "disc_entry", sig, torch_io=True)
+        return Imported(module, "disc_entry", sig)
 
 
 def dynamo_backend(gm: Any, example_inputs: list) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import walk
+from ..mlir_support import operation, walk
 
 # results that carry no address of the buffer they read
 _NO_ALIAS = ("memref.load", "memref.dim", "affine.load")
@@ -20,7 +20,7 @@ def _derived(root: ir.Value) -> list[ir.Value]:
     while todo:
         v = todo.pop()
         for use in v.uses:
-            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            owner = operation(use.owner)
             if owner.name in _NO_ALIAS:
                 continue
             for r in owner.results:
@@ -46,7 +46,7 @@ def _root_allocation(v: ir.Value) -> ir.Value | None:
         owner = v.owner
         if isinstance(owner, ir.Block):
             return None
-        owner = owner.operation if hasattr(owner, "operation") else owner
+        owner = operation(owner)
         if owner.name == "memref.alloc":
             return v
         if not owner.name.startswith("memref.") or not owner.operands:
@@ -63,7 +63,7 @@ def free_after_last_use(module: ir.Module) -> None:
         last = None
         for v in _derived(root):
             for use in v.uses:
-                owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+                owner = operation(use.owner)
                 if owner == dealloc:
                     continue
                 top = _top_level(owner, block)

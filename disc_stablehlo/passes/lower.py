@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from torch_mlir import ir
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import describe, walk
+from ..mlir_support import describe, is_inside, new_private_function, walk
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
 Predicate = Callable[[ir.Operation], bool]
@@ -68,12 +68,7 @@ class LoweringState:
         arg_types = [a.type for a in block.arguments]
         ret = block.operations[len(block.operations) - 1]
         result_types = [v.type for v in ret.operands]
-        with ir.InsertionPoint.at_block_begin(self.module.body), ir.Location.unknown():
-            func = ir.Operation.create(
-                "func.func", regions=1,
-                attributes={"sym_name": ir.StringAttr.get(name), "sym_visibility": ir.StringAttr.get("private"),
-                            "function_type": ir.TypeAttr.get(ir.FunctionType.get(arg_types, result_types))})
-        new_block = func.regions[0].blocks.append(*arg_types)
+        func, new_block = new_private_function(self.module, name, arg_types, result_types)
         for old, new in zip(block.arguments, new_block.arguments):
             old.replace_all_uses_with(new)
         move_ops(block, new_block)
@@ -108,21 +103,13 @@ class LoweringState:
         op.erase()
 
 
-def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
-    while op is not None:
-        if op == ancestor:
-            return True
-        op = op.parent
-    return False
-
-
 def _clone_captured_constants(func: ir.Operation, block: ir.Block) -> None:
     """StableHLO regions may use values defined above them (CSE shares constants with the
     enclosing function); a function may not, so captured constants are cloned in."""
     for op in walk(func):
         for i, v in enumerate(op.operands):
             owner = v.owner
-            if isinstance(owner, ir.Block) or _inside(owner, func):
+            if isinstance(owner, ir.Block) or is_inside(owner, func):
                 continue
             if owner.name not in ("stablehlo.constant", "arith.constant"):
                 raise UnsupportedOpError(f"region of {func.attributes['sym_name']} captures {describe(owner)}")

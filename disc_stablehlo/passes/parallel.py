@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import walk
+from ..mlir_support import is_inside, new_private_function, operation, walk
 from .lower import LoweringState
 
 PTR = "!llvm.ptr"
@@ -21,7 +21,7 @@ FNPTR_STEM = "__disc_fnptr_"
 def _defined_outside(v: ir.Value, op: ir.Operation) -> bool:
     owner = v.owner
     node = owner.owner if isinstance(owner, ir.Block) else owner
-    return _defined_outside_op(node.operation if node is not None else None, op)
+    return not is_inside(operation(node) if node is not None else None, op)
 
 
 def _captured(op: ir.Operation) -> list[ir.Value] | None:
@@ -145,31 +145,18 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
     """Moves `op` into a new private function `name(lb0, ub0, captured...)` whose first two
     arguments replace the loop's first-dimension bounds."""
     index = ir.IndexType.get()
-    types = [index, index] + [v.type for v in captured]
-    with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
-        func = ir.Operation.create("func.func", regions=1, attributes={
-            "sym_name": ir.StringAttr.get(name), "sym_visibility": ir.StringAttr.get("private"),
-            "function_type": ir.TypeAttr.get(ir.FunctionType.get(types, []))})
-    block = func.regions[0].blocks.append(*types)
+    func, block = new_private_function(module, name, [index, index] + [v.type for v in captured], [])
     block.append(op)
     with ir.InsertionPoint(block), op.location:
         ir.Operation.create("func.return")
     for v, arg in zip(captured, list(block.arguments)[2:]):
         for use in list(v.uses):
-            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
-            if not _defined_outside_op(owner, func):
+            owner = operation(use.owner)
+            if is_inside(owner, func):
                 owner.operands[use.operand_number] = arg
     dims = len(op.regions[0].blocks[0].arguments)
     op.operands[0] = block.arguments[0]
     op.operands[dims] = block.arguments[1]
-
-
-def _defined_outside_op(node: ir.Operation, ancestor: ir.Operation) -> bool:
-    while node is not None:
-        if node == ancestor:
-            return False
-        node = node.parent
-    return True
 
 
 def outline_parallel_loops(module: ir.Module) -> list[str]:
