@@ -110,9 +110,9 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
     tgt = get_target(target)
-    obj = emit_object(lowered.llvm_ir, tgt)
+    obj, libmvec = emit_object(lowered.llvm_ir, tgt)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
-        link_shared_object(obj, so_path, ral_library_dir())
+        link_shared_object(obj, so_path, ral_library_dir(), libmvec)
         exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
     return CompiledFunction(exe, imported, lowered)

@@ -39,3 +39,27 @@ def test_identity_bitcast_of_complex():
     x = (np.arange(5) + 2j).astype(np.complex64)
     np.testing.assert_array_equal(f(x), x)
 
+
+
+ZERO_SIZE = [
+    ("dot_general", """func.func @main(%a: tensor<?x?xf32>, %b: tensor<?x3xf32>) -> tensor<?x3xf32> {
+       %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<?x?xf32>, tensor<?x3xf32>) -> tensor<?x3xf32>
+       return %0 : tensor<?x3xf32> }""", [((0, 4), (4, 3)), ((2, 0), (0, 3)), ((0, 0), (0, 3))], lambda a, b: a @ b),
+    ("reduce", """func.func @main(%a: tensor<?x?xf32>) -> tensor<?xf32> {
+       %z = stablehlo.constant dense<0.0> : tensor<f32>
+       %0 = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [1] : (tensor<?x?xf32>, tensor<f32>) -> tensor<?xf32>
+       return %0 : tensor<?xf32> }""", [((0, 4),), ((3, 0),)], lambda a: a.sum(1)),
+    ("sort", """func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
+       %0 = "stablehlo.sort"(%a) ({ ^bb0(%x: tensor<f32>, %y: tensor<f32>):
+          %c = stablehlo.compare LT, %x, %y : (tensor<f32>, tensor<f32>) -> tensor<i1>
+          stablehlo.return %c : tensor<i1> }) {dimension = 0 : i64, is_stable = true} : (tensor<?xf32>) -> tensor<?xf32>
+       return %0 : tensor<?xf32> }""", [((0,),), ((1,),)], np.sort),
+]
+
+
+@pytest.mark.parametrize("name, text, shapes, ref", ZERO_SIZE, ids=[z[0] for z in ZERO_SIZE])
+def test_zero_size_dims(name, text, shapes, ref):
+    f = disc.compile(text)
+    for shape in shapes:
+        args = [np.random.default_rng(0).random(s).astype(np.float32) for s in shape]
+        np.testing.assert_allclose(f(*args), ref(*args), rtol=1e-5)

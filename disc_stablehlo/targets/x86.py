@@ -3,6 +3,8 @@ against the RAL."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import struct
@@ -57,7 +59,42 @@ def _classic_float_literals(llvm_ir: str) -> str:
                      for line in llvm_ir.split("\n"))
 
 
-def emit_object(llvm_ir: str, target: Target) -> bytes:
+# Vectorised loops keep math as vector intrinsics (llvm.exp.v16f32), which code generation would
+# split into one libm call per lane. glibc's libmvec has vector versions of these functions
+# (x86 vector-function ABI: _ZGV<isa>N<lanes>v_<name>, isa b=SSE, d=AVX2, e=AVX-512).
+_VECTOR_MATH = {"exp", "log", "sin", "cos", "tan", "tanh", "exp2", "log2", "log10", "pow", "asin", "acos", "atan",
+                "sinh", "cosh", "atan2"}
+_VECTOR_INTRINSIC = re.compile(r"@llvm\.(\w+)\.v(\d+)(f32|f64)\b")
+_ISA = {128: "b", 256: "d", 512: "e"}
+
+
+@functools.cache
+def _libmvec() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return None
+
+
+def _vector_math_calls(llvm_ir: str) -> tuple[str, bool]:
+    """Renames vector math intrinsics to libmvec functions; says whether any was renamed."""
+    lib, used = _libmvec(), False
+
+    def sub(m: re.Match) -> str:
+        nonlocal used
+        fn, lanes, elem = m.group(1), int(m.group(2)), m.group(3)
+        isa = _ISA.get(lanes * (32 if elem == "f32" else 64))
+        args = "vv" if fn in ("pow", "atan2") else "v"
+        name = f"_ZGV{isa}N{lanes}{args}_{fn}{'f' if elem == 'f32' else ''}"
+        if lib is None or fn not in _VECTOR_MATH or isa is None or not hasattr(lib, name):
+            return m.group(0)
+        used = True
+        return "@" + name
+    return _VECTOR_INTRINSIC.sub(sub, llvm_ir), used
+
+
+def emit_object(llvm_ir: str, target: Target) -> tuple[bytes, bool]:
+    """The object file, and whether it calls libmvec."""
     try:
         mod = llvm.parse_assembly(_classic_float_literals(llvm_ir))
         mod.verify()
@@ -75,15 +112,18 @@ def emit_object(llvm_ir: str, target: Target) -> bytes:
     pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
-    return tm.emit_object(mod)
+    optimized, uses_libmvec = _vector_math_calls(str(mod))
+    if uses_libmvec:
+        mod = llvm.parse_assembly(optimized)
+    return tm.emit_object(mod), uses_libmvec
 
 
-def link_shared_object(obj: bytes, out_path: str, ral_dir: str) -> None:
+def link_shared_object(obj: bytes, out_path: str, ral_dir: str, libmvec: bool) -> None:
     obj_path = out_path + ".o"
     with open(obj_path, "wb") as f:
         f.write(obj)
     cmd = [os.environ.get("CC", "cc"), "-shared", "-o", out_path, obj_path, f"-L{ral_dir}", "-ldisc_ral",
-           f"-Wl,-rpath,{ral_dir}", "-lm"]
+           f"-Wl,-rpath,{ral_dir}", "-lm"] + (["-l:libmvec.so.1"] if libmvec else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     os.unlink(obj_path)
     if proc.returncode != 0:
