@@ -54,6 +54,21 @@ def test_stablehlo_bytecode_and_portable_artifact():
     np.testing.assert_array_equal(disc.compile(artifact)(x), -x)
 
 
+def test_mlir_bytecode():
+    import io
+
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+
+    with new_context():
+        module = ir.Module.parse("func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> { %0 = stablehlo.sine %x : tensor<?xf32>  return %0 : tensor<?xf32> }")
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+    x = np.linspace(0, 1, 7, dtype=np.float32)
+    np.testing.assert_allclose(disc.compile(buf.getvalue())(x), np.sin(x), rtol=1e-6)
+
+
 def test_exported_object_and_pytree_outputs():
     b, = export.symbolic_shape("b")
     exp = export.export(jax.jit(lambda d: {"sum": d["x"] + d["y"], "neg": -d["x"]}))(
