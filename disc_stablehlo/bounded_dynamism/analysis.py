@@ -221,9 +221,11 @@ def _elementwise(w: _Walker, op: ir.Operation):
 @_rule("stablehlo.constant")
 def _constant(w: _Walker, op: ir.Operation):
     t = op.result.type
-    if isinstance(t.element_type, ir.IntegerType) and t.rank <= 1 and t.has_static_shape and (t.rank == 0 or t.shape[0] <= 16):
-        attr = ir.DenseIntElementsAttr(op.attributes["value"])
-        n = 1 if t.rank == 0 else t.shape[0]
+    n = 1
+    for size in t.shape:
+        n *= size
+    if isinstance(t.element_type, ir.IntegerType) and t.rank <= 2 and t.has_static_shape and n <= 16:
+        attr = ir.DenseIntElementsAttr(op.attributes["value"])  # contents are kept flat, row-major
         w.content[op.result] = [Dim.const(int(attr[0] if attr.is_splat else attr[i])) for i in range(n)]
     return None
 
@@ -366,6 +368,117 @@ def load_from_ir(module: ir.Module, facts: ShapeFacts) -> None:
     for item in ir.ArrayAttr(module.operation.attributes[FACTS_ATTR]):
         text, _, source = ir.StringAttr(item).value.rpartition(" [")
         record_fact(facts, Constraint(text, source.rstrip("]")))
+
+
+def _ints_attr(op: ir.Operation, name: str, default: list[int]) -> list[int]:
+    if name not in op.attributes:
+        return default
+    attr = op.attributes[name]
+    return list(ir.DenseI64ArrayAttr(attr)) if isinstance(attr, ir.DenseI64ArrayAttr) else [int(x) for x in ir.DenseIntElementsAttr(attr)]
+
+
+def _ceildiv(a: Dim, k: Dim) -> Dim | None:
+    return None if k.constant is None or k.constant <= 0 else (a + (k.constant - 1)).floordiv(k.constant)
+
+
+def _windowed(size: Dim, lo: Dim, hi: Dim, base_dil: int | Dim, window: int | Dim, win_dil: int | Dim, stride: int) -> Dim:
+    """Output size of a strided, dilated window over a padded, dilated dim (sizes >= 1)."""
+    padded = (size - 1) * base_dil + 1 + lo + hi
+    return (padded - ((Dim.of(window) - 1) * win_dil + 1)).floordiv(stride) + 1
+
+
+def _keep_static(op: ir.Operation, dims: list[Dim]) -> list[Dim]:
+    t = op.results[0].type
+    return [Dim.const(t.shape[i]) if not t.is_dynamic_dim(i) else d for i, d in enumerate(dims)]
+
+
+@_rule("stablehlo.pad", "stablehlo.dynamic_pad")
+def _pad(w: _Walker, op: ir.Operation):
+    dims = w.of(op.operands[0])
+    if op.name == "stablehlo.pad":
+        lo, hi, inner = ([Dim.const(v) for v in _ints_attr(op, n, [0] * len(dims))]
+                         for n in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    else:
+        lo, hi, inner = (w.content.get(v) for v in op.operands[2:5])
+        if lo is None or hi is None or inner is None:
+            return None
+    return [_keep_static(op, [d + a + b + (d - 1) * i for d, a, b, i in zip(dims, lo, hi, inner)])]
+
+
+@_rule("stablehlo.real_dynamic_slice")
+def _real_dynamic_slice(w: _Walker, op: ir.Operation):
+    start, limit, stride = (w.content.get(v) for v in op.operands[1:4])
+    if start is None or limit is None or stride is None:
+        return None
+    out = [_ceildiv(b - a, k) for a, b, k in zip(start, limit, stride)]
+    return None if any(d is None for d in out) else [_keep_static(op, out)]
+
+
+@_rule("stablehlo.gather", "stablehlo.dynamic_gather")
+def _gather(w: _Walker, op: ir.Operation):
+    from torch_mlir._mlir_libs import _stablehlo
+
+    dn = _stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    indices = w.of(op.operands[1])
+    sizes = (w.content.get(op.operands[2]) if op.name == "stablehlo.dynamic_gather"
+             else [Dim.const(v) for v in _ints_attr(op, "slice_sizes", [])])
+    if sizes is None:
+        return None
+    offset_dims = list(dn.offset_dims)
+    skipped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+    window = iter([sizes[i] for i in range(len(sizes)) if i not in skipped])
+    batch = iter([d for i, d in enumerate(indices) if i != dn.index_vector_dim])
+    rank = op.results[0].type.rank
+    return [_keep_static(op, [next(window) if d in offset_dims else next(batch) for d in range(rank)])]
+
+
+@_rule("stablehlo.reduce_window")
+def _reduce_window(w: _Walker, op: ir.Operation):
+    n = len(op.results)
+    dims = _same_shape(w, list(op.operands[:n]), "reduce_window operands")
+    rank = len(dims)
+    window = _ints_attr(op, "window_dimensions", [1] * rank)
+    strides = _ints_attr(op, "window_strides", [1] * rank)
+    base, wdil = _ints_attr(op, "base_dilations", [1] * rank), _ints_attr(op, "window_dilations", [1] * rank)
+    pad = _ints_attr(op, "padding", [0] * (2 * rank))
+    out = [_windowed(d, Dim.const(pad[2 * i]), Dim.const(pad[2 * i + 1]), base[i], window[i], wdil[i], strides[i])
+           for i, d in enumerate(dims)]
+    return [_keep_static(op, out)] * n
+
+
+@_rule("stablehlo.custom_call")
+def _custom_call(w: _Walker, op: ir.Operation):
+    """JAX's stablehlo.dynamic_reduce_window: window parameters are operands."""
+    if ir.StringAttr(op.attributes["call_target_name"]).value != "stablehlo.dynamic_reduce_window":
+        return None
+    n = len(op.results)
+    window, strides, base, wdil, pad = (w.content.get(v) for v in op.operands[2 * n:2 * n + 5])
+    if any(p is None for p in (window, strides, base, wdil, pad)) or any(k.constant is None for k in strides):
+        return None
+    dims = w.of(op.operands[0])
+    out = [_windowed(d, pad[2 * i], pad[2 * i + 1], base[i], window[i], wdil[i], strides[i].constant) for i, d in enumerate(dims)]
+    return [_keep_static(op, out)] * n
+
+
+@_rule("stablehlo.convolution")
+def _convolution(w: _Walker, op: ir.Operation):
+    from torch_mlir._mlir_libs import _stablehlo
+
+    dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    lhs, rhs = w.of(op.operands[0]), w.of(op.operands[1])
+    n = len(dn.input_spatial_dimensions)
+    strides, pad = _ints_attr(op, "window_strides", [1] * n), _ints_attr(op, "padding", [0] * (2 * n))
+    lhs_dil, rhs_dil = _ints_attr(op, "lhs_dilation", [1] * n), _ints_attr(op, "rhs_dilation", [1] * n)
+    out = [Dim.const(0)] * op.results[0].type.rank
+    out[dn.output_batch_dimension] = lhs[dn.input_batch_dimension]
+    out[dn.output_feature_dimension] = rhs[dn.kernel_output_feature_dimension]
+    for s in range(n):
+        k = rhs[dn.kernel_spatial_dimensions[s]].constant
+        if k is None:
+            return None
+        out[dn.output_spatial_dimensions[s]] = _windowed(lhs[dn.input_spatial_dimensions[s]], Dim.const(pad[2 * s]),
+                                                         Dim.const(pad[2 * s + 1]), lhs_dil[s], k, rhs_dil[s], strides[s])
+    return [_keep_static(op, out)]
 
 
 def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> ShapeAnalysis:
