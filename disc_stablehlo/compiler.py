@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import pickle
 import sys
 import tempfile
 import threading
+from importlib.metadata import version
 from typing import Any, Sequence
 
 import numpy as np
 
 from .passes.pipeline import LoweredModule, compile_to_llvm
-from .runtime import Executable, default_runtime, ral_library_dir
+from .runtime import RAL_LIBRARY, Executable, default_runtime, ral_library_dir
 from .targets import get_target
 from .targets.x86 import emit_object, link_shared_object
 
@@ -25,14 +28,14 @@ class CompiledFunction:
     Call it with numpy arrays (numpy out) or JAX arrays (JAX out); results follow the source
     function's pytree (JAX) or come as one array / a tuple (StableHLO modules)."""
 
-    def __init__(self, executable: Executable, imported: Any, lowered: LoweredModule):
+    def __init__(self, executable: Executable, imported: Any, lowered: LoweredModule, compile_count: int = 1):
         self._exe = executable
         self._imported = imported
         self._shapes = lowered.shapes
         self.signature = executable.signature
         self.llvm_ir = lowered.llvm_ir
         self.kernels = list(lowered.kernels)  # parallel loop nests run on the RAL thread pool
-        self.compile_count = 1  # native code generations for this function: never more
+        self.compile_count = compile_count  # native code generations: 1, or 0 when loaded from the cache
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
@@ -104,15 +107,47 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
 
 
 def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str = "x86", buffer_reuse: bool = True) -> CompiledFunction:
-    """The stages after the frontend (for frontends called from elsewhere, e.g. the dynamo backend)."""
+    """The stages after the frontend (for frontends called from elsewhere, e.g. the dynamo backend).
+
+    With `DISC_CACHE_DIR` set, compiled functions are kept there, keyed by the imported module,
+    the constraints and options, the target, the package version and the RAL build: a later
+    process loads the shared object instead of generating code (its `compile_count` is 0)."""
+    tgt = get_target(target)
+    cache = os.environ.get("DISC_CACHE_DIR")
+    entry_dir = os.path.join(cache, _cache_key(imported, constraints, tgt, buffer_reuse)) if cache else None
+    if entry_dir and os.path.exists(os.path.join(entry_dir, "lowered.pkl")):
+        with open(os.path.join(entry_dir, "lowered.pkl"), "rb") as f:
+            lowered = pickle.load(f)
+        exe = Executable(os.path.join(entry_dir, "compiled.so"), lowered.entry, imported.signature, lowered.assertions, default_runtime())
+        return CompiledFunction(exe, imported, lowered, compile_count=0)
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
-    tgt = get_target(target)
     obj, libmvec = emit_object(lowered.llvm_ir, tgt)
-    with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="disc-", dir=cache) as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(obj, so_path, ral_library_dir(), libmvec)
+        if entry_dir:  # written aside, then renamed: a concurrent process sees all of it or nothing
+            with open(os.path.join(tmp, "lowered.pkl"), "wb") as f:
+                pickle.dump(lowered, f)
+            try:
+                os.rename(tmp, entry_dir)
+                os.makedirs(tmp)  # for TemporaryDirectory's clean-up
+                so_path = os.path.join(entry_dir, "compiled.so")
+            except OSError:
+                pass  # another process stored the same entry first
         exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
     return CompiledFunction(exe, imported, lowered)
+
+
+def _cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse: bool) -> str:
+    h = hashlib.sha256()
+    for part in (imported.module.operation.get_asm(enable_debug_info=True), imported.entry, repr(imported.signature),
+                 repr(imported.facts), repr(imported.checked), repr(tuple(constraints)), repr(buffer_reuse),
+                 repr(tgt), version("disc_stablehlo")):
+        h.update(part.encode())
+        h.update(b"\0")
+    with open(os.path.join(ral_library_dir(), RAL_LIBRARY), "rb") as f:
+        h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:32]

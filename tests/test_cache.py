@@ -1,0 +1,33 @@
+"""The persistent compile cache (DISC_CACHE_DIR): a second process loads instead of compiling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SCRIPT = """
+import numpy as np
+import disc_stablehlo as disc
+f = disc.compile('''func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+  %0 = stablehlo.tanh %x : tensor<?x8xf32>
+  return %0 : tensor<?x8xf32> }''', constraints=CONSTRAINTS)
+x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+assert np.allclose(f(x), np.tanh(x), atol=1e-6)
+print(f.compile_count)
+"""
+
+
+def _run(cache: str, constraints: list[str]) -> int:
+    env = dict(os.environ, DISC_CACHE_DIR=cache)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.replace("CONSTRAINTS", repr(constraints))],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_loads_from_the_cache(tmp_path):
+    assert _run(str(tmp_path), []) == 1
+    assert _run(str(tmp_path), []) == 0
+    assert _run(str(tmp_path), ["arg0.0 >= 2"]) == 1  # other constraints: another entry
+    assert len([e for e in os.listdir(tmp_path) if not e.startswith("disc-")]) == 2
