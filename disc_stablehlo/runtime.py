@@ -141,11 +141,10 @@ def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: ctypes.Structure, dtype: np.d
     if nbytes == 0:
         return np.zeros(shape, dtype)
     address = desc.aligned + desc.offset * dtype.itemsize
-    contiguous = strides == np.empty(shape, dtype=np.uint8).reshape(shape).strides or rank == 0
     span = max(1, int(sum((n - 1) * abs(s) for n, s in zip(shape, strides))) + dtype.itemsize)
     raw = (ctypes.c_char * span).from_address(address)
     view = np.ndarray(shape, dtype, buffer=raw, strides=strides)
-    if contiguous and ral().ral_context_take(ctx, desc.allocated):
+    if view.flags.c_contiguous and ral().ral_context_take(ctx, desc.allocated):
         # the result buffer now belongs to the array: given back to the RAL when it dies
         weakref.finalize(raw, ral().ral_buffer_free, rt.handle, ctypes.c_void_p(desc.allocated))
         return view

@@ -180,3 +180,17 @@ def test_loop_temporaries_are_freed_inside_the_call(buffer_reuse):
     for _ in range(500):
         ref = np.tanh(ref) * 0.5 + x
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_results_are_handed_over_without_a_copy():
+    """A result stays in its RAL buffer, owned by the array, and goes back when the array dies."""
+    f = disc.compile(lambda x: x * 2, *specs_for([(("n", 256), np.float32)], "n"))
+    runtime = f._exe.runtime
+    x = np.ones((64, 256), np.float32)
+    f(x)
+    base = runtime.memory_stats()["bytes_in_use"]
+    y = f(x)
+    assert y.nbytes <= runtime.memory_stats()["bytes_in_use"] - base <= y.nbytes + 64  # + alignment padding
+    assert not y.flags.owndata
+    del y
+    assert runtime.memory_stats()["bytes_in_use"] == base
