@@ -17,22 +17,20 @@ class Loops:
         self.t, self.ivs = t, []
         self.carried_types = [ty for _, ty in carried]
         current = [v for v, _ in carried]
-        self.results: list[str] = []
-        self.closers: list[tuple[list[str], list[str]]] = []  # (result names, inner carried names)
+        self.closers: list[list[str]] = []  # per loop, outermost first: its result names
         for ub in bounds:
             iv, names = t.fresh("iv"), [t.fresh("acc") for _ in carried]
             res = t.fresh("loop")
             iters = ", ".join(f"{n} = {c}" for n, c in zip(names, current))
             t.emit(f"{res}:{len(carried)} = scf.for {iv} = {t.const(0)} to {ub} step {t.const(1)} iter_args({iters}) -> ({', '.join(self.carried_types)}) {{")
             self.ivs.append(iv)
-            self.closers.append(([f"{res}#{i}" for i in range(len(carried))], names))
+            self.closers.append([f"{res}#{i}" for i in range(len(carried))])
             current = names
         self.inner = current
-        self.outer_results = self.closers[0][0] if self.closers else current
 
     def close(self, yielded: list[str]) -> list[str]:
         types = ", ".join(self.carried_types)
-        for results, _ in reversed(self.closers):
+        for results in reversed(self.closers):
             self.t.emit(f"scf.yield {', '.join(yielded)} : {types}")
             self.t.emit("}")
             yielded = results
