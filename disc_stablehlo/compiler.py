@@ -34,7 +34,7 @@ class CompiledFunction:
         self._shapes = lowered.shapes
         self.signature = executable.signature
         self.llvm_ir = lowered.llvm_ir
-        self.kernels = list(lowered.kernels)  # parallel loop nests run on the RAL thread pool
+        self.kernels = list(lowered.kernels)  # the loop nests (kind, ops inside) run on the RAL thread pool
         self.compile_count = compile_count  # native code generations: 1, or 0 when loaded from the cache
         self._lock = threading.Lock()
 

@@ -57,3 +57,16 @@ def test_generated_code_calls_the_runtime():
     a = np.random.default_rng(0).standard_normal((700, 64)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
     np.testing.assert_allclose(f(a, b), np.tanh(a @ b), rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_describe_what_they_compute():
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    b, s = export.symbolic_shape("b, s")
+    f = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), jax.ShapeDtypeStruct((b, s, 8), jnp.float32))
+    kinds = [(k.kind, k.ops) for k in f.kernels]
+    assert ("reduction", ("arith.maximumf",)) in kinds and ("reduction", ("arith.addf",)) in kinds
+    assert any(kind == "elementwise" and "math.exp" in ops for kind, ops in kinds)
+    assert all(str(k).startswith("__disc_par_") for k in f.kernels)

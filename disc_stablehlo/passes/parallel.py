@@ -9,6 +9,8 @@ the lowering to LLVM (`llvm.mlir.addressof` only names LLVM functions)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch_mlir import ir
 
 from ..mlir_support import is_inside, new_private_function, operation, walk
@@ -165,9 +167,31 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
     op.operands[dims] = block.arguments[1]
 
 
-def outline_parallel_loops(module: ir.Module) -> list[str]:
+# bookkeeping inside a kernel that says nothing about what it computes
+_PLUMBING = ("memref.", "scf.", "arith.constant", "arith.index_cast", "llvm.", "builtin.", "affine.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    kind: str              # "elementwise", "reduction" (inner loops), "fill" (stores a value, computes nothing)
+    parallel_dims: int     # the first one is split over the RAL thread pool
+    ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.kind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}"
+
+
+def _describe(name: str, op: ir.Operation) -> Kernel:
+    inner = list(walk(op))[1:]
+    ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)))
+    kind = "reduction" if any(o.name == "scf.for" for o in inner) else "elementwise" if ops else "fill"
+    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops)
+
+
+def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     """Outlines every outermost scf.parallel (without reductions) of the module's functions;
-    returns the outlined functions' names."""
+    returns what each outlined kernel is."""
     state = LoweringState(module)
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     loops = [op for f in funcs for op in walk(f)
@@ -181,13 +205,13 @@ def outline_parallel_loops(module: ir.Module) -> list[str]:
         bounds = [(_find(captured, op.operands[d]), _find(captured, op.operands[dims + d]), _find(captured, op.operands[2 * dims + d]))
                   for d in range(dims)]
         par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
+        kernels.append(_describe(par, op))
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
         _move_into_function(op, body, captured, module)
         state.declared.add(body)
         state.add_function(_unpack_text(par, body, captured, bounds[0]))
         state.add_function(_pack_text(pack, par, captured, bounds))
-        kernels.append(par)
     return kernels
 
 

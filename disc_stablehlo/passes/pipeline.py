@@ -19,7 +19,7 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .buffers import free_after_last_use
 from .lower import lower_module
 from .signless import make_signless
-from .parallel import outline_parallel_loops, resolve_function_pointers
+from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 
 FLATTEN = "inline, symbol-dce"
@@ -49,7 +49,7 @@ class LoweredModule:
     entry: str
     assertions: list[Assertion]  # empty: no guard function
     shapes: ShapeAnalysis
-    kernels: list[str]           # the parallel loop nests, outlined for the RAL thread pool
+    kernels: list[Kernel]        # the parallel loop nests, outlined for the RAL thread pool
 
     @property
     def guard(self) -> str | None:
