@@ -70,3 +70,15 @@ def test_kernels_describe_what_they_compute():
     assert ("reduction", ("arith.maximumf",)) in kinds and ("reduction", ("arith.addf",)) in kinds
     assert any(kind == "elementwise" and "math.exp" in ops for kind, ops in kinds)
     assert all(str(k).startswith("__disc_par_") for k in f.kernels)
+
+
+def test_vector_math_maps_to_libmvec_within_the_target_width():
+    from disc_stablehlo.targets.x86 import _libmvec, _vector_math_calls
+
+    if _libmvec() is None:
+        pytest.skip("this system's C library has no libmvec")
+    call = "call <16 x float> @llvm.exp.v16f32(<16 x float> %x)"
+    assert _vector_math_calls(call, 512) == ("call <16 x float> @_ZGVeN16v_expf(<16 x float> %x)", True)
+    assert _vector_math_calls(call, 256) == (call, False)  # no AVX-512: stays an intrinsic
+    atan2 = "call <8 x float> @llvm.atan2.v8f32(<8 x float> %x, <8 x float> %y)"
+    assert _vector_math_calls(atan2, 512) == (atan2, False)  # too inaccurate in libmvec

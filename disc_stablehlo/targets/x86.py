@@ -77,14 +77,16 @@ def _libmvec() -> ctypes.CDLL | None:
         return None
 
 
-def _vector_math_calls(llvm_ir: str) -> tuple[str, bool]:
-    """Renames vector math intrinsics to libmvec functions; says whether any was renamed."""
+def _vector_math_calls(llvm_ir: str, vector_bits: int) -> tuple[str, bool]:
+    """Renames vector math intrinsics to libmvec functions no wider than the target's vectors;
+    says whether any was renamed."""
     lib, used = _libmvec(), False
 
     def sub(m: re.Match) -> str:
         nonlocal used
         fn, lanes, elem = m.group(1), int(m.group(2)), m.group(3)
-        isa = _ISA.get(lanes * (32 if elem == "f32" else 64))
+        bits = lanes * (32 if elem == "f32" else 64)
+        isa = _ISA.get(bits) if bits <= vector_bits else None
         args = "vv" if fn == "pow" else "v"
         name = f"_ZGV{isa}N{lanes}{args}_{fn}{'f' if elem == 'f32' else ''}"
         if lib is None or fn not in _VECTOR_MATH or isa is None or not hasattr(lib, name):
@@ -113,7 +115,7 @@ def emit_object(llvm_ir: str, target: Target) -> tuple[bytes, bool]:
     pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
-    optimized, uses_libmvec = _vector_math_calls(str(mod))
+    optimized, uses_libmvec = _vector_math_calls(str(mod), target.vector_bits)
     if uses_libmvec:
         mod = llvm.parse_assembly(optimized)
     return tm.emit_object(mod), uses_libmvec
