@@ -1,7 +1,7 @@
 """Symbolic shape analysis: every dim of every value of the entry function gets a symbolic `Dim`
 over the dimension variables, and the facts that op semantics imply are collected in a
-`ShapeFacts` manager: equalities (union-find with substitution), product equalities (reshapes),
-bounds and divisibility (from frontends and user constraints).
+`ShapeFacts` manager: equalities (union-find with substitution), bounds and divisibility (from
+frontends and user constraints); the element-count equality of a reshape is kept as a fact.
 
 Integer scalars and shape vectors that hold sizes (`get_dimension_size`, the shape operands of
 `dynamic_broadcast_in_dim` / `dynamic_reshape` / `dynamic_iota`, and the arithmetic between
@@ -32,15 +32,14 @@ class Fact:
 
 
 class ShapeFacts:
-    """Equalities between dims (a variable is replaced by its class representative), bounds,
-    divisibility and product equalities."""
+    """Equalities between dims (a variable is replaced by its class representative), bounds and
+    divisibility; equalities it cannot substitute (products of a reshape) are kept as facts."""
 
     def __init__(self):
         self.subst: dict[str, Dim] = {}
         self.lower: dict[str, int] = {}
         self.upper: dict[str, int] = {}
         self.divisor: dict[str, int] = {}
-        self.products: list[tuple[list[Dim], list[Dim]]] = []
         self.facts: list[Fact] = []
 
     def canon(self, d: Dim) -> Dim:
@@ -60,8 +59,8 @@ class ShapeFacts:
             return
         # replace a variable by the other side: constants and older names win
         for var_side, other in ((a, b), (b, a)):
-            if len(var_side.terms) == 1 and list(var_side.terms.values()) == [1] and len(next(iter(var_side.terms))) == 1:
-                name = next(iter(var_side.terms))[0]
+            if _is_var(var_side):
+                name = str(var_side)
                 if name not in other.variables and (other.constant is not None or not _is_var(other) or name > str(other)):
                     self.subst[name] = other
                     self.facts.append(Fact(f"{name} == {other}", why))
@@ -279,8 +278,6 @@ def _dynamic_broadcast(w: _Walker, op: ir.Operation):
             nonexp.append(i)
             if in_dims[i] != out[od]:
                 reasons.append(f"dim {i}: {in_dims[i]} == {out[od]}")
-        elif w.facts.is_one(in_dims[i]) and w.facts.is_one(out[od]) is False:
-            exp.append(i)
         elif w.facts.is_one(in_dims[i]):
             exp.append(i)
         else:
@@ -301,12 +298,21 @@ def _broadcast(w: _Walker, op: ir.Operation):
     return [out]
 
 
+def _product(dims: list[Dim]) -> Dim:
+    total = Dim.const(1)
+    for d in dims:
+        total = total * d
+    return total
+
+
 @_rule("stablehlo.dynamic_reshape", "stablehlo.dynamic_iota")
 def _dims_from_shape_operand(w: _Walker, op: ir.Operation):
     shape = op.operands[1] if op.name == "stablehlo.dynamic_reshape" else op.operands[0]
     out = _shape_from_content(w, op, shape)
     if out is not None and op.name == "stablehlo.dynamic_reshape":
-        w.facts.products.append((w.of(op.operands[0]), out))
+        before, after = (w.facts.canon(_product(dims)) for dims in (w.of(op.operands[0]), out))
+        if before != after:
+            w.facts.facts.append(Fact(f"{before} == {after}", "dynamic_reshape keeps the element count"))
     return [out] if out is not None else None
 
 

@@ -17,7 +17,7 @@ from torch_mlir import ir
 from ..errors import CompileError
 from .analysis import Fact, ShapeFacts
 from .signature import Signature
-from .symbolic import Dim, parse_constraint
+from .symbolic import Dim, parse_constraint, split_atom
 
 _CMP = {"==": "EQ", "!=": "NE", ">=": "GE", "<=": "LE", ">": "GT", "<": "LT"}
 
@@ -91,17 +91,10 @@ class _Emitter:
     def var(self, name: str, arg_types: list[ir.Type]) -> str:
         if name in self.cache:
             return self.cache[name]
-        m = re.fullmatch(r"(mod|floordiv|max|min)\((.*)\)", name)
-        if m:
-            depth, split = 0, None
-            for i, ch in enumerate(m.group(2)):
-                depth += ch == "("
-                depth -= ch == ")"
-                if ch == "," and depth == 0:
-                    split = i
-            a = self.dim(Dim.of(m.group(2)[:split]), arg_types)
-            b = self.dim(Dim.of(m.group(2)[split + 1:]), arg_types)
-            op = {"mod": "remainder", "floordiv": "divide", "max": "maximum", "min": "minimum"}[m.group(1)]
+        atom = split_atom(name)
+        if atom is not None:
+            fn, a, b = atom[0], self.dim(atom[1], arg_types), self.dim(atom[2], arg_types)
+            op = {"mod": "remainder", "floordiv": "divide", "max": "maximum", "min": "minimum"}[fn]
             v = self.value(f"stablehlo.{op} {a}, {b} : tensor<i64>")
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]

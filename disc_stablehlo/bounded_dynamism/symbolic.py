@@ -138,18 +138,26 @@ class Dim:
     __repr__ = __str__
 
 
-def _evaluate_atom(name: str, env: Mapping[str, int]) -> int:
+def split_atom(name: str) -> tuple[str, Dim, Dim] | None:
+    """`mod(s, 8)` -> ("mod", s, 8): an opaque atom's function and arguments; None for a variable."""
     m = re.fullmatch(r"(mod|floordiv|max|min)\((.*)\)", name)
     if not m:
-        raise KeyError(name)
+        return None
     depth, split = 0, None
     for i, ch in enumerate(m.group(2)):  # the top-level comma
         depth += ch == "("
         depth -= ch == ")"
         if ch == "," and depth == 0:
             split = i
-    a, b = (parse(x).evaluate(env) for x in (m.group(2)[:split], m.group(2)[split + 1:]))
-    return {"mod": a % b if b else 0, "floordiv": a // b if b else 0, "max": max(a, b), "min": min(a, b)}[m.group(1)]
+    return m.group(1), parse(m.group(2)[:split]), parse(m.group(2)[split + 1:])
+
+
+def _evaluate_atom(name: str, env: Mapping[str, int]) -> int:
+    atom = split_atom(name)
+    if atom is None:
+        raise KeyError(name)
+    fn, a, b = atom[0], atom[1].evaluate(env), atom[2].evaluate(env)
+    return {"mod": a % b if b else 0, "floordiv": a // b if b else 0, "max": max(a, b), "min": min(a, b)}[fn]
 
 
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][\w.]*)|(//|>=|<=|==|!=|[-+*(),<>%]))")
