@@ -96,6 +96,17 @@ def save_temp(name: str, text: str) -> str:
     return path
 
 
+def int_list(op: ir.Operation, name: str, default: list[int] | None = None) -> list[int]:
+    """An integer-list attribute (a dense i64 array or dense integer elements); `default` (or [])
+    when the op does not carry it."""
+    if name not in op.attributes:
+        return list(default or [])
+    attr = op.attributes[name]
+    if isinstance(attr, ir.DenseI64ArrayAttr):
+        return list(attr)
+    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
+
+
 def operation(x) -> ir.Operation:
     """The Operation behind an OpView (a use's owner, a module body entry)."""
     return x.operation if hasattr(x, "operation") else x

@@ -19,7 +19,7 @@ from typing import Callable
 
 from torch_mlir import ir
 
-from ..mlir_support import location_text
+from ..mlir_support import int_list, location_text
 from ..ops import ELEMENTWISE
 from .signature import Signature
 from .symbolic import Dim
@@ -376,13 +376,6 @@ def load_from_ir(module: ir.Module, facts: ShapeFacts) -> None:
         record_fact(facts, Constraint(text, source.rstrip("]")))
 
 
-def _ints_attr(op: ir.Operation, name: str, default: list[int]) -> list[int]:
-    if name not in op.attributes:
-        return default
-    attr = op.attributes[name]
-    return list(ir.DenseI64ArrayAttr(attr)) if isinstance(attr, ir.DenseI64ArrayAttr) else [int(x) for x in ir.DenseIntElementsAttr(attr)]
-
-
 def _ceildiv(a: Dim, k: Dim) -> Dim | None:
     return None if k.constant is None or k.constant <= 0 else (a + (k.constant - 1)).floordiv(k.constant)
 
@@ -402,7 +395,7 @@ def _keep_static(op: ir.Operation, dims: list[Dim]) -> list[Dim]:
 def _pad(w: _Walker, op: ir.Operation):
     dims = w.of(op.operands[0])
     if op.name == "stablehlo.pad":
-        lo, hi, inner = ([Dim.const(v) for v in _ints_attr(op, n, [0] * len(dims))]
+        lo, hi, inner = ([Dim.const(v) for v in int_list(op, n, [0] * len(dims))]
                          for n in ("edge_padding_low", "edge_padding_high", "interior_padding"))
     else:
         lo, hi, inner = (w.content.get(v) for v in op.operands[2:5])
@@ -427,7 +420,7 @@ def _gather(w: _Walker, op: ir.Operation):
     dn = _stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     indices = w.of(op.operands[1])
     sizes = (w.content.get(op.operands[2]) if op.name == "stablehlo.dynamic_gather"
-             else [Dim.const(v) for v in _ints_attr(op, "slice_sizes", [])])
+             else [Dim.const(v) for v in int_list(op, "slice_sizes", [])])
     if sizes is None:
         return None
     offset_dims = list(dn.offset_dims)
@@ -443,10 +436,10 @@ def _reduce_window(w: _Walker, op: ir.Operation):
     n = len(op.results)
     dims = _same_shape(w, list(op.operands[:n]), "reduce_window operands")
     rank = len(dims)
-    window = _ints_attr(op, "window_dimensions", [1] * rank)
-    strides = _ints_attr(op, "window_strides", [1] * rank)
-    base, wdil = _ints_attr(op, "base_dilations", [1] * rank), _ints_attr(op, "window_dilations", [1] * rank)
-    pad = _ints_attr(op, "padding", [0] * (2 * rank))
+    window = int_list(op, "window_dimensions", [1] * rank)
+    strides = int_list(op, "window_strides", [1] * rank)
+    base, wdil = int_list(op, "base_dilations", [1] * rank), int_list(op, "window_dilations", [1] * rank)
+    pad = int_list(op, "padding", [0] * (2 * rank))
     out = [_windowed(d, Dim.const(pad[2 * i]), Dim.const(pad[2 * i + 1]), base[i], window[i], wdil[i], strides[i])
            for i, d in enumerate(dims)]
     return [_keep_static(op, out)] * n
@@ -473,8 +466,8 @@ def _convolution(w: _Walker, op: ir.Operation):
     dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     lhs, rhs = w.of(op.operands[0]), w.of(op.operands[1])
     n = len(dn.input_spatial_dimensions)
-    strides, pad = _ints_attr(op, "window_strides", [1] * n), _ints_attr(op, "padding", [0] * (2 * n))
-    lhs_dil, rhs_dil = _ints_attr(op, "lhs_dilation", [1] * n), _ints_attr(op, "rhs_dilation", [1] * n)
+    strides, pad = int_list(op, "window_strides", [1] * n), int_list(op, "padding", [0] * (2 * n))
+    lhs_dil, rhs_dil = int_list(op, "lhs_dilation", [1] * n), int_list(op, "rhs_dilation", [1] * n)
     out = [Dim.const(0)] * op.results[0].type.rank
     out[dn.output_batch_dimension] = lhs[dn.input_batch_dimension]
     out[dn.output_feature_dimension] = rhs[dn.kernel_output_feature_dimension]

@@ -10,7 +10,8 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..errors import UnsupportedOpError
-from .dynamic_ops import _elem, _ints, _pad
+from ..mlir_support import int_list
+from .dynamic_ops import _elem, _pad
 from .lower import Text, register_template
 
 
@@ -23,10 +24,10 @@ def _convolution(op, t: Text, state):
     dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.operands[1], op.result))
     n = len(dn.input_spatial_dimensions)
-    strides = _ints(op, "window_strides") or [1] * n
-    padding = _ints(op, "padding") or [0] * (2 * n)
-    lhs_dil = _ints(op, "lhs_dilation") or [1] * n
-    rhs_dil = _ints(op, "rhs_dilation") or [1] * n
+    strides = int_list(op, "window_strides") or [1] * n
+    padding = int_list(op, "padding") or [0] * (2 * n)
+    lhs_dil = int_list(op, "lhs_dilation") or [1] * n
+    rhs_dil = int_list(op, "rhs_dilation") or [1] * n
     reversal = [bool(x) for x in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])] if "window_reversal" in op.attributes else [False] * n
     groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
     if ir.IntegerAttr(op.attributes["batch_group_count"]).value != 1:

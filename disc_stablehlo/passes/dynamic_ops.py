@@ -7,20 +7,12 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
+from ..mlir_support import int_list
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 
 def _rank(v: ir.Value) -> int:
     return ir.RankedTensorType(v.type).rank
-
-
-def _ints(op: ir.Operation, name: str) -> list[int]:
-    if name not in op.attributes:
-        return []
-    attr = op.attributes[name]
-    if isinstance(attr, ir.DenseI64ArrayAttr):
-        return list(ir.DenseI64ArrayAttr(attr))
-    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
 
 
 def _elem(v: ir.Value | ir.Type) -> str:
@@ -75,7 +67,7 @@ def _identity_bitcast(op: ir.Operation, state: LoweringState) -> None:
 
 @register_template("stablehlo.reverse")
 def _reverse(op, t: Text, state):
-    flipped = set(_ints(op, "dimensions"))
+    flipped = set(int_list(op, "dimensions"))
     dims = t.dims("%a0", op.operands[0].type)
     body, index = [], []
     for d in range(_rank(op.result)):
@@ -104,9 +96,9 @@ def _dynamic_broadcast_in_dim(op, t: Text, state):
     elementwise fusion folds into its consumers."""
     operand, out_type = op.operands[0], op.result.type
     in_t, out_t = ir.RankedTensorType(operand.type), ir.RankedTensorType(out_type)
-    bdims = _ints(op, "broadcast_dimensions")
-    nonexpanding = set(_ints(op, "known_nonexpanding_dimensions"))
-    expanding = set(_ints(op, "known_expanding_dimensions"))
+    bdims = int_list(op, "broadcast_dimensions")
+    nonexpanding = set(int_list(op, "known_nonexpanding_dimensions"))
+    expanding = set(int_list(op, "known_expanding_dimensions"))
     dims = _result_dims(t, op, "%a1", op.operands[1].type)
     settled = {}
     for i, od in enumerate(bdims):
@@ -222,7 +214,7 @@ def _dynamic_pad(op, t: Text, state):
 
 @register_template("stablehlo.pad")
 def _static_pad(op, t: Text, state):
-    lows, highs, interiors = ([t.const(v) for v in _ints(op, k)] for k in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    lows, highs, interiors = ([t.const(v) for v in int_list(op, k)] for k in ("edge_padding_low", "edge_padding_high", "interior_padding"))
     return [_pad_op(t, op, lows, highs, interiors)]
 
 
@@ -251,7 +243,7 @@ def _dynamic_update_slice(op, t: Text, state):
 @register_template("stablehlo.dynamic_slice")
 def _dynamic_slice(op, t: Text, state):
     operand = op.operands[0]
-    sizes = _ints(op, "slice_sizes")
+    sizes = int_list(op, "slice_sizes")
     in_dims = t.dims("%a0", operand.type)
     offs = _clamped_starts(t, op, 1, in_dims, [t.const(s) for s in sizes])
     ones = ", ".join("1" for _ in sizes)
@@ -266,7 +258,7 @@ def _gather(op, t: Text, state):
     if op.name == "stablehlo.dynamic_gather":
         slice_sizes = [t.extract_index("%a2", op.operands[2].type, [t.const(i)]) for i in range(op_rank)]
     else:
-        slice_sizes = [t.const(s) for s in _ints(op, "slice_sizes")]
+        slice_sizes = [t.const(s) for s in int_list(op, "slice_sizes")]
     offset_dims, collapsed = list(dn.offset_dims), set(dn.collapsed_slice_dims)
     op_batch, idx_batch = list(dn.operand_batching_dims), list(dn.start_indices_batching_dims)
     start_map, ivd = list(dn.start_index_map), dn.index_vector_dim

@@ -6,7 +6,8 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from .dynamic_ops import _elem, _ints, _rank
+from ..mlir_support import int_list
+from .dynamic_ops import _elem, _rank
 from .lower import LoweringState, Text, register_template
 
 
@@ -208,8 +209,8 @@ def _reduce_window(op, t: Text, state: LoweringState):
     rank = _rank(op.operands[0])
 
     def attr(name, default):
-        return [t.const(v) for v in (_ints(op, name) or [default] * rank)]
-    padding = _ints(op, "padding") or [0] * (2 * rank)
+        return [t.const(v) for v in (int_list(op, name) or [default] * rank)]
+    padding = int_list(op, "padding") or [0] * (2 * rank)
     fn = state.region_function(op.regions[0], "window_body", t)
     return _window_reduce(t, op, fn, n, attr("window_dimensions", 1), attr("window_strides", 1), attr("base_dilations", 1),
                           attr("window_dilations", 1), [t.const(p) for p in padding[0::2]], [t.const(p) for p in padding[1::2]])
@@ -241,9 +242,9 @@ def _select_and_scatter(op, t: Text, state: LoweringState):
     (padding never wins) receives scatter(result[it], source)."""
     operand, source = op.operands[0], op.operands[1]
     rank = _rank(operand)
-    window = _ints(op, "window_dimensions")
-    strides = _ints(op, "window_strides") or [1] * rank
-    padding = _ints(op, "padding") or [0] * (2 * rank)
+    window = int_list(op, "window_dimensions")
+    strides = int_list(op, "window_strides") or [1] * rank
+    padding = int_list(op, "padding") or [0] * (2 * rank)
     select = state.region_function(op.regions[0], "select", t)
     scatter = state.region_function(op.regions[1], "scatter", t)
     elem, ty = _elem(operand), str(op.result.type)
