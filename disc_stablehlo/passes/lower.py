@@ -72,7 +72,7 @@ class LoweringState:
         for old, new in zip(block.arguments, new_block.arguments):
             old.replace_all_uses_with(new)
         move_ops(block, new_block)
-        _clone_captured_constants(func, new_block)
+        clone_captured_constants(func, new_block)
         last = new_block.operations[len(new_block.operations) - 1]
         with ir.InsertionPoint(last), last.location:
             ir.Operation.create("func.return", operands=list(last.operands))
@@ -103,9 +103,10 @@ class LoweringState:
         op.erase()
 
 
-def _clone_captured_constants(func: ir.Operation, block: ir.Block) -> None:
+def clone_captured_constants(func: ir.Operation, block: ir.Block) -> None:
     """StableHLO regions may use values defined above them (CSE shares constants with the
-    enclosing function); a function may not, so captured constants are cloned in."""
+    enclosing function); a function may not, so captured constants are cloned in (which also lets
+    LLVM see them as constants)."""
     for op in walk(func):
         for i, v in enumerate(op.operands):
             owner = v.owner

@@ -14,7 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..mlir_support import is_inside, new_private_function, operation, walk
-from .lower import LoweringState
+from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
 FNPTR_STEM = "__disc_fnptr_"
@@ -151,20 +151,17 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
     block.append(op)
     with ir.InsertionPoint(block), op.location:
         ir.Operation.create("func.return")
-    for v, arg in zip(captured, list(block.arguments)[2:]):
-        replacement = arg
-        if not isinstance(v.owner, ir.Block) and operation(v.owner).name == "arith.constant":
-            # constants are rebuilt in the kernel: LLVM must see constant steps and inner bounds
-            # to vectorise (through the slots they would be run-time values)
-            with ir.InsertionPoint.at_block_begin(block):
-                replacement = operation(v.owner).clone().result
-        for use in list(v.uses):
-            owner = operation(use.owner)
-            if is_inside(owner, func) and owner != replacement.owner:
-                owner.operands[use.operand_number] = replacement
     dims = len(op.regions[0].blocks[0].arguments)
     op.operands[0] = block.arguments[0]
     op.operands[dims] = block.arguments[1]
+    for v, arg in zip(captured, list(block.arguments)[2:]):
+        if not isinstance(v.owner, ir.Block) and operation(v.owner).name == "arith.constant":
+            continue  # rebuilt in the kernel below: LLVM must see constant steps and bounds to vectorise
+        for use in list(v.uses):
+            owner = operation(use.owner)
+            if is_inside(owner, func):
+                owner.operands[use.operand_number] = arg
+    clone_captured_constants(func, block)
 
 
 # bookkeeping inside a kernel that says nothing about what it computes
