@@ -7,8 +7,8 @@ import importlib
 import os
 import pickle
 import sys
+import functools
 import tempfile
-import threading
 from importlib.metadata import version
 from typing import Any, Sequence
 
@@ -36,7 +36,6 @@ class CompiledFunction:
         self.llvm_ir = lowered.llvm_ir
         self.kernels = list(lowered.kernels)  # the loop nests (kind, ops inside) run on the RAL thread pool
         self.compile_count = compile_count  # native code generations: 1, or 0 when loaded from the cache
-        self._lock = threading.Lock()
 
     def __call__(self, *args: Any) -> Any:
         imp = self._imported
@@ -114,6 +113,8 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
     process loads the shared object instead of generating code (its `compile_count` is 0)."""
     tgt = get_target(target)
     cache = os.environ.get("DISC_CACHE_DIR")
+    if cache:
+        os.makedirs(cache, exist_ok=True)
     entry_dir = os.path.join(cache, _cache_key(imported, constraints, tgt, buffer_reuse)) if cache else None
     if entry_dir and os.path.exists(os.path.join(entry_dir, "lowered.pkl")):
         with open(os.path.join(entry_dir, "lowered.pkl"), "rb") as f:
@@ -148,6 +149,12 @@ def _cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse
                  repr(tgt), version("disc_stablehlo")):
         h.update(part.encode())
         h.update(b"\0")
-    with open(os.path.join(ral_library_dir(), RAL_LIBRARY), "rb") as f:
-        h.update(hashlib.sha256(f.read()).digest())
+    h.update(_ral_digest())
     return h.hexdigest()[:32]
+
+
+@functools.cache
+def _ral_digest() -> bytes:
+    """The RAL build a cached object was linked against (read once per process)."""
+    with open(os.path.join(ral_library_dir(), RAL_LIBRARY), "rb") as f:
+        return hashlib.sha256(f.read()).digest()

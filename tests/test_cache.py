@@ -31,3 +31,9 @@ def test_second_process_loads_from_the_cache(tmp_path):
     assert _run(str(tmp_path), []) == 0
     assert _run(str(tmp_path), ["arg0.0 >= 2"]) == 1  # other constraints: another entry
     assert len([e for e in os.listdir(tmp_path) if not e.startswith("disc-")]) == 2
+
+
+def test_cache_folder_is_created(tmp_path):
+    cache = tmp_path / "not" / "there" / "yet"
+    assert _run(str(cache), []) == 1
+    assert _run(str(cache), []) == 0
