@@ -35,25 +35,13 @@ def _cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
     return (moved @ tri).movedim(-1, dim)
 
 
-def _drop_guard_calls(ep: Any) -> None:
-    """torch.export may record its input guards as a `_guards_fn` call in the graph, which
-    torch-mlir cannot import; the compiled function checks its inputs itself."""
-    guards = [n for n in ep.graph.nodes if n.op == "call_module" and n.target == "_guards_fn"]
-    for node in guards:
-        ep.graph.erase_node(node)
-    if guards:
-        ep.graph_module.recompile()
-
-
 def _decompositions() -> dict:
-    """torch-mlir's table, plus torch's own RNN decompositions and our cumsum."""
+    """torch-mlir's table plus our cumsum."""
     import torch
     import torch_mlir.fx as fx
 
     table = dict(fx.get_decomposition_table())
-    ops = torch.ops.aten
-    table.update(torch._decomp.get_decompositions([ops.gru.input, ops.lstm.input, ops.rnn_tanh.input, ops.rnn_relu.input]))
-    table[ops.cumsum.default] = _cumsum
+    table[torch.ops.aten.cumsum.default] = _cumsum
     return table
 
 
@@ -122,7 +110,6 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
             ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
         except Exception as e:
             raise CompileError(f"torch.export failed: {e}") from None
-    _drop_guard_calls(ep)
     try:
         mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions())
     except Exception as e:
