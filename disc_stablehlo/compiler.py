@@ -25,8 +25,9 @@ frontends = importlib.import_module(f"{__package__}.import")
 class CompiledFunction:
     """A function compiled once for every shape its signature admits.
 
-    Call it with numpy arrays (numpy out) or JAX arrays (JAX out); results follow the source
-    function's pytree (JAX) or come as one array / a tuple (StableHLO modules)."""
+    Call it with numpy arrays (numpy out), JAX arrays (JAX out), torch tensors (torch out) or
+    tf.Tensors (tf.Tensor out); results follow the source function's structure (JAX pytrees, TF
+    nests) or come as one array / a tuple."""
 
     def __init__(self, executable: Executable, imported: Any, lowered: LoweredModule, compile_count: int = 1):
         self._exe = executable
@@ -55,10 +56,12 @@ class CompiledFunction:
             import torch
 
             outs = [torch.from_numpy(o) for o in outs]  # shares the buffer, no copy
-        if imp.out_tree is not None:
-            import jax
+        elif kind == "tensorflow":
+            import tensorflow as tf
 
-            return jax.tree_util.tree_unflatten(imp.out_tree, outs)
+            outs = [tf.convert_to_tensor(o) for o in outs]
+        if imp.pack_results is not None:
+            return imp.pack_results(outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     @property
@@ -84,7 +87,10 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
     else:
         leaves = list(args)
     modules = {type(x).__module__.split(".")[0] for x in leaves}
-    return leaves, "jax" if "jax" in modules or "jaxlib" in modules else "torch" if "torch" in modules else "numpy"
+    for kind, names in (("jax", ("jax", "jaxlib")), ("torch", ("torch",)), ("tensorflow", ("tensorflow",))):
+        if modules & set(names):
+            return leaves, kind
+    return leaves, "numpy"
 
 
 def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shapes: Any = None, target: str = "x86",

@@ -10,11 +10,31 @@ import re
 import tempfile
 from typing import Iterator
 
-import torch_mlir.dialects.torch  # noqa: F401  (registers the StableHLO->linalg passes)
-from torch_mlir import ir, passmanager
-from torch_mlir._mlir_libs import _stablehlo
+import sys
 
 from .errors import CompileError
+
+
+def _load_mlir() -> None:
+    """torch-mlir and TensorFlow each carry an LLVM; in one process their command-line option
+    registries clash (the process aborts, whichever comes first). Loading torch-mlir's native
+    modules with RTLD_DEEPBIND | RTLD_LOCAL keeps its LLVM to itself, so a user's process may
+    import TensorFlow before or after this package."""
+    old = sys.getdlopenflags()
+    sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
+    try:
+        import torch_mlir.dialects.llvm  # noqa: F401
+        import torch_mlir.dialects.torch  # noqa: F401  (registers the StableHLO->linalg passes)
+        import torch_mlir.passmanager  # noqa: F401
+        from torch_mlir._mlir_libs import _stablehlo  # noqa: F401
+    finally:
+        sys.setdlopenflags(old)
+
+
+_load_mlir()
+
+from torch_mlir import ir, passmanager  # noqa: E402
+from torch_mlir._mlir_libs import _stablehlo  # noqa: E402
 
 _stablehlo.register_stablehlo_passes()
 

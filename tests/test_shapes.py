@@ -5,6 +5,7 @@ facts and as guards, and the consumers of the facts."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -179,3 +180,76 @@ def test_facts_are_saved_in_and_loaded_from_the_ir(tmp_path, monkeypatch):
     }""")
     assert "arg0.0 >= 3  [an earlier compile]" in f.shape_report()
     assert "arg0.0 (>= 3)" in f.shape_report()
+
+
+def _two_softmaxes(x, y):
+    return jax.nn.softmax(x, axis=1) * jax.nn.softmax(y, axis=1)
+
+
+def test_proven_equal_dims_merge_kernels(monkeypatch):
+    """x and y share the symbol n: with the facts, the softmaxes' reductions (max, sum) start
+    from one fill kernel per init value; without them (different SSA dims), each gets its own."""
+    from disc_stablehlo.passes import pipeline
+
+    specs = specs_for([(("n", 8), np.float32), (("n", 8), np.float32)], "n")
+    with_facts = disc.compile(_two_softmaxes, *specs)
+    monkeypatch.setattr(pipeline, "unify_argument_dims", lambda *a: 0)
+    without = disc.compile(_two_softmaxes, *specs)
+    fills = [sum(k.kind == "fill" for k in f.kernels) for f in (with_facts, without)]
+    assert fills == [2, 4]
+    x, y = (np.random.default_rng(i).standard_normal((5, 8)).astype(np.float32) for i in (0, 1))
+    np.testing.assert_allclose(with_facts(x, y), _two_softmaxes(x, y), rtol=1e-5)
+
+
+def _gemm_then_gemm(x, y, w):
+    return (y @ w) * jnp.max(x @ w, axis=1, keepdims=True)
+
+
+def _allocations_per_call(f, *args) -> int:
+    f(*args)
+    before = f.memory_stats()["allocations"]
+    f(*args)
+    return f.memory_stats()["allocations"] - before
+
+
+def test_buffers_of_provably_equal_size_share_storage(monkeypatch):
+    """x @ w and y @ w have provably equal sizes (x and y share n): the second product is
+    written into the first one's buffer, freed after the max, with no allocator call."""
+    from disc_stablehlo.passes import pipeline
+
+    specs = specs_for([(("n", 8), np.float32), (("n", 8), np.float32), ((8, 8), np.float32)], "n")
+    args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(5, 8), (5, 8), (8, 8)])]
+    planned = disc.compile(_gemm_then_gemm, *specs)
+    np.testing.assert_allclose(planned(*args), _gemm_then_gemm(*args), rtol=1e-5)
+    monkeypatch.setattr(pipeline, "unify_argument_dims", lambda *a: 0)
+    unplanned = disc.compile(_gemm_then_gemm, *specs)
+    assert _allocations_per_call(planned, *args) == _allocations_per_call(unplanned, *args) - 1
+
+
+def test_shape_vectors_and_uniform_operands_take_no_kernel():
+    """Layer norm: the shape vectors of its broadcasts are host scalars and the broadcast 1/n is
+    read as a scalar, so only the reduction init, two reductions and two elementwise kernels run."""
+    def layer_norm(x):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(v + 1e-5)
+
+    f = disc.compile(layer_norm, *specs_for([(("b", "s", 16), np.float32)], "b, s"))
+    assert [k.kind for k in f.kernels] == ["fill", "reduction", "elementwise", "reduction", "elementwise"]
+    x = np.random.default_rng(0).standard_normal((3, 5, 16)).astype(np.float32)
+    np.testing.assert_allclose(f(x), layer_norm(x), rtol=1e-4, atol=1e-5)
+
+
+def test_bounded_dims_get_an_arena_planned_once():
+    """With n <= 64 every intermediate has an upper bound: they live at fixed offsets in one
+    arena (one allocation per call, served by the RAL's cache), the result is still allocated."""
+    specs = specs_for([(("n", 8), np.float32), (("n", 8), np.float32), ((8, 8), np.float32)], "n")
+    bounded = disc.compile(_gemm_then_gemm, *specs, constraints=["n <= 64"])
+    unbounded = disc.compile(_gemm_then_gemm, *specs)
+    assert re.search(r"@main: [1-9]\d* buffer\(s\) of bounded size placed in an arena", bounded.shape_report())
+    for n in (1, 7, 64):
+        args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(n, 8), (n, 8), (8, 8)])]
+        np.testing.assert_allclose(bounded(*args), _gemm_then_gemm(*args), rtol=1e-5)
+        assert _allocations_per_call(bounded, *args) < _allocations_per_call(unbounded, *args)
+    with pytest.raises(disc.ShapeError, match="'n <= 64'"):
+        bounded(*[np.ones(s, np.float32) for s in [(65, 8), (65, 8), (8, 8)]])

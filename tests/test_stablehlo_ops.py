@@ -40,6 +40,45 @@ def test_identity_bitcast_of_complex():
     np.testing.assert_array_equal(f(x), x)
 
 
+def test_shape_vector_index_cast_converts_each_element():
+    """An index_cast of a whole shape vector (TF's exporter emits them) converts every element;
+    bufferized as is it would reinterpret 64-bit indices as 32-bit integers."""
+    f = disc.compile("""func.func @main(%x: tensor<?x?x8xf32>) -> tensor<3xi32> {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+      %d0 = tensor.dim %x, %c0 : tensor<?x?x8xf32>
+      %d1 = tensor.dim %x, %c1 : tensor<?x?x8xf32>
+      %s = tensor.from_elements %d0, %d1, %c8 : tensor<3xindex>
+      %0 = arith.index_cast %s : tensor<3xindex> to tensor<3xi32>
+      return %0 : tensor<3xi32>
+    }""")
+    np.testing.assert_array_equal(f(np.zeros((2, 3, 8), np.float32)), [2, 3, 8])
+
+
+def test_shape_dialect_broadcast_of_split_shapes():
+    """Batched-matmul broadcasting as TF writes it: split_at, broadcast, concat, to_extent_tensor."""
+    f = disc.compile("""func.func @main(%a: tensor<?x?x4xf32>, %b: tensor<?x4x?xf32>) -> tensor<?x?x?xf32> {
+      %m2 = arith.constant -2 : index
+      %sa = shape.shape_of %a : tensor<?x?x4xf32> -> tensor<3xindex>
+      %sb = shape.shape_of %b : tensor<?x4x?xf32> -> tensor<3xindex>
+      %ha, %ta = "shape.split_at"(%sa, %m2) : (tensor<3xindex>, index) -> (!shape.shape, !shape.shape)
+      %hb, %tb = "shape.split_at"(%sb, %m2) : (tensor<3xindex>, index) -> (!shape.shape, !shape.shape)
+      %h = shape.broadcast %ha, %hb : !shape.shape, !shape.shape -> !shape.shape
+      %fa = shape.concat %h, %ta : !shape.shape, !shape.shape -> !shape.shape
+      %fb = shape.concat %h, %tb : !shape.shape, !shape.shape -> !shape.shape
+      %ea = shape.to_extent_tensor %fa : !shape.shape -> tensor<3xindex>
+      %eb = shape.to_extent_tensor %fb : !shape.shape -> tensor<3xindex>
+      %ba = stablehlo.dynamic_broadcast_in_dim %a, %ea, dims = [0, 1, 2] : (tensor<?x?x4xf32>, tensor<3xindex>) -> tensor<?x?x4xf32>
+      %bb = stablehlo.dynamic_broadcast_in_dim %b, %eb, dims = [0, 1, 2] : (tensor<?x4x?xf32>, tensor<3xindex>) -> tensor<?x4x?xf32>
+      %0 = stablehlo.dot_general %ba, %bb, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<?x?x4xf32>, tensor<?x4x?xf32>) -> tensor<?x?x?xf32>
+      return %0 : tensor<?x?x?xf32>
+    }""")
+    rng = np.random.default_rng(0)
+    for (ba, bb) in ((3, 3), (1, 3), (2, 1)):
+        a, b = rng.random((ba, 5, 4), np.float32), rng.random((bb, 4, 6), np.float32)
+        np.testing.assert_allclose(f(a, b), np.matmul(a, b), rtol=1e-5)
+
 
 ZERO_SIZE = [
     ("dot_general", """func.func @main(%a: tensor<?x?xf32>, %b: tensor<?x3xf32>) -> tensor<?x3xf32> {

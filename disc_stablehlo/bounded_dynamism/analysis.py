@@ -57,11 +57,13 @@ class ShapeFacts:
         a, b = self.canon(a), self.canon(b)
         if a == b:
             return
-        # replace a variable by the other side: constants and older names win
+        # replace a variable by the other side: constants, then the arguments' dimension
+        # variables (fresh symbols of intermediates have a '#'), then older names win
         for var_side, other in ((a, b), (b, a)):
             if _is_var(var_side):
                 name = str(var_side)
-                if name not in other.variables and (other.constant is not None or not _is_var(other) or name > str(other)):
+                if name not in other.variables and (other.constant is not None or not _is_var(other)
+                                                    or ("#" in name, name) > ("#" in str(other), str(other))):
                     self.subst[name] = other
                     self.facts.append(Fact(f"{name} == {other}", why))
                     return
@@ -72,6 +74,19 @@ class ShapeFacts:
             self.lower[var] = max(self.lower.get(var, lower), lower)
         if upper is not None:
             self.upper[var] = min(self.upper.get(var, upper), upper)
+
+    def range(self, d: Dim) -> tuple[int, int] | None:
+        """Lower and upper bound of a dim from the variables' bounds (sizes are >= 0); None when
+        a variable it needs has no upper bound."""
+        lo = hi = 0
+        for mono, coeff in self.canon(d).terms.items():
+            mlo, mhi = 1, 1
+            for v in mono:
+                if v not in self.upper:
+                    return None
+                mlo, mhi = mlo * max(self.lower.get(v, 0), 0), mhi * self.upper[v]
+            lo, hi = (lo + coeff * mlo, hi + coeff * mhi) if coeff > 0 else (lo + coeff * mhi, hi + coeff * mlo)
+        return lo, hi
 
     def is_one(self, d: Dim) -> bool | None:
         """True / False when known, None when the dim may or may not be 1."""
@@ -104,6 +119,7 @@ class ShapeAnalysis:
     values: list[tuple[str, str, list[Dim]]]   # (op, location, dims) of every intermediate
     broadcasts: list[BroadcastDecision]
     variables: dict[str, list[str]]           # variable -> where it is read ("x dim 0")
+    uses: list[str] = dataclasses.field(default_factory=list)  # what later passes did with the facts
 
     def dims_text(self, dims: list[Dim]) -> str:
         return "[" + ", ".join(str(self.facts.canon(d)) for d in dims) + "]"
@@ -133,6 +149,8 @@ class ShapeAnalysis:
                          f"checked at run time {b.runtime_checked}" + (f"; relies on {'; '.join(b.reasons)}" if b.reasons else ""))
         if not self.broadcasts:
             lines.append("  (none)")
+        lines.append("used by the compiler:")
+        lines += [f"  {u}" for u in self.uses] or ["  (nothing beyond the broadcasts)"]
         lines.append("intermediate values:")
         lines += [f"  {name} at {loc}: {self.dims_text(dims)}" for name, loc, dims in self.values]
         return "\n".join(lines)

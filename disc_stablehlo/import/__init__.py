@@ -24,7 +24,7 @@ class Imported:
     kept_args: tuple[int, ...] | None = None
     num_flat_args: int | None = None
     in_tree: Any = None   # pytree structure of the arguments (JAX)
-    out_tree: Any = None  # pytree structure of the results (JAX)
+    pack_results: Callable[[list], Any] | None = None  # flat results -> the source function's structure
     facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
     checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
 
@@ -33,18 +33,19 @@ Frontend = Callable[..., Imported]
 _FRONTENDS: list[tuple[Callable[[Any], bool], Frontend]] = []
 
 
-def register_frontend(accepts: Callable[[Any], bool], convert: Frontend) -> None:
-    """Adds a frontend: `accepts(obj)` says whether it handles `obj`; `convert(obj, *specs)`."""
+def register_frontend(accepts: Callable[[Any, tuple], bool], convert: Frontend) -> None:
+    """Adds a frontend: `accepts(obj, specs)` says whether it handles `obj`; `convert(obj, *specs)`."""
     _FRONTENDS.append((accepts, convert))
 
 
 def load(obj: Any, *specs: Any, **options: Any) -> Imported:
     """`options` are frontend-specific (`dynamic_shapes=` for PyTorch)."""
     for accepts, convert in _FRONTENDS:
-        if accepts(obj):
+        if accepts(obj, specs):
             return convert(obj, *specs, **options)
     raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
-                       "specs, a jax.export.Exported, or a StableHLO module (text, bytecode or portable artifact)")
+                       "specs, a jax.export.Exported, a torch.nn.Module or ExportedProgram, a TensorFlow function "
+                       "with tf.TensorSpec specs, or a StableHLO module (text, bytecode or portable artifact)")
 
 
 def find_entry(module: ir.Module) -> ir.Operation:
@@ -99,7 +100,9 @@ def _from_stablehlo(source: str | bytes, *specs: Any) -> Imported:
         return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, signature_from_function(entry))
 
 
-register_frontend(lambda obj: isinstance(obj, (str, bytes, bytearray)), _from_stablehlo)
+register_frontend(lambda obj, specs: isinstance(obj, (str, bytes, bytearray)), _from_stablehlo)
 
-from . import torch_frontend  # noqa: E402,F401  (registers itself; before JAX's, which takes any callable)
+# before JAX's, which takes any other callable
+from . import torch_frontend  # noqa: E402,F401  (registers itself)
+from . import tf_frontend  # noqa: E402,F401  (registers itself)
 from . import jax_frontend  # noqa: E402,F401  (registers itself)

@@ -3,6 +3,7 @@ dimension variables and whose constraints arrive as shape assertions in `main`."
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch_mlir import ir
@@ -11,11 +12,11 @@ from ..bounded_dynamism import signature_from_function
 from . import Imported, find_entry, parse_stablehlo, register_frontend
 
 
-def _is_jax(obj: Any) -> bool:
+def _is_jax(obj: Any, specs: tuple) -> bool:
     mod = type(obj).__module__ or ""
     if mod.startswith("jax"):
         return True
-    return callable(obj) and not isinstance(obj, type) and not mod.startswith("torch")
+    return callable(obj) and not isinstance(obj, type) and not mod.startswith(("torch", "tensorflow"))
 
 
 def _from_jax(fn: Any, *specs: Any) -> Imported:
@@ -38,7 +39,8 @@ def _from_jax(fn: Any, *specs: Any) -> Imported:
         entry = find_entry(module)
         sig = signature_from_function(entry, dims, [names[i] for i in kept])
         return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, kept,
-                        len(exported.in_avals), exported.in_tree, exported.out_tree, _explicit_constraints(exported))
+                        len(exported.in_avals), exported.in_tree, functools.partial(jax.tree_util.tree_unflatten, exported.out_tree),
+                        _explicit_constraints(exported))
 
 
 def _explicit_constraints(exported: Any) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from ..errors import CompileError
 from . import Imported, find_entry, parse_stablehlo, register_frontend
 
 
-def _is_torch(obj: Any) -> bool:
+def _is_torch(obj: Any, specs: tuple) -> bool:
     torch = sys.modules.get("torch")  # never import torch for another frontend's input
     return torch is not None and isinstance(obj, (torch.nn.Module, torch.export.ExportedProgram))
 

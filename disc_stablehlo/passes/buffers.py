@@ -2,13 +2,27 @@
 `memref.dealloc` at the end of the buffer's block (the whole function, for straight-line code);
 moving it up to the last op of that block that touches the buffer, or anything derived from it
 (views, extracted pointers and the arithmetic on them), lets the RAL's cache hand the memory to
-the buffers allocated after it."""
+the buffers allocated after it.
+
+Where sizes are provably equal (same type, same size operands: `dims.unify_argument_dims` makes
+proven-equal sizes the same SSA values), the plan is made at compile time instead: a buffer
+allocated after another one of the same size was freed takes over that buffer's storage, with
+no allocator call at all.
+
+With bounded dims (or static shapes), `plan_arena` goes further: every buffer of the entry
+function whose size has an upper bound gets a fixed offset in one arena of the upper-bound size,
+planned once by liveness; a call allocates the arena (the RAL's cache hands back the same block
+every call) and no buffer inside it."""
 
 from __future__ import annotations
 
 from torch_mlir import ir
 
+from ..bounded_dynamism.analysis import ShapeAnalysis
 from ..mlir_support import operation, walk
+
+ARENA_ALIGNMENT = 64
+ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
 
 # results that carry no address of the buffer they read
 _NO_ALIAS = ("memref.load", "memref.dim", "affine.load")
@@ -71,3 +85,196 @@ def free_after_last_use(module: ir.Module) -> None:
                     last = top
         if last is not None and last.is_before_in_block(dealloc) and not last.name.endswith(("yield", "return", "condition")):
             dealloc.move_after(last)
+
+
+def reuse_equal_buffers(module: ir.Module) -> int:
+    """Within each block, a dynamically sized allocation that follows the (moved-up) free of a
+    buffer with as many bytes takes that buffer's storage instead (a view of it, when the types
+    differ); returns how many allocations were removed. (Statically sized buffers are left to
+    the arena, which shares them by liveness as well.)"""
+    reused = 0
+    for func in [op for op in walk(module.operation) if op.name == "func.func"]:
+        for block in [b for op in walk(func) for r in op.regions for b in r.blocks]:
+            freed: dict[tuple, list[tuple[ir.Operation, ir.Value]]] = {}  # byte size -> (dealloc, buffer)
+            for op in list(block.operations):
+                op = op.operation
+                if op.name == "memref.dealloc" and (key := _freed_key(op.operands[0], block)) is not None:
+                    freed.setdefault(key, []).append((op, op.operands[0]))
+                elif op.name == "memref.alloc" and op.operands and (key := _size_key(op.result.type, op.operands)) is not None and freed.get(key):
+                    dealloc, buffer = freed[key].pop()
+                    dealloc.erase()
+                    if buffer.type != op.result.type:
+                        buffer = _view(_storage(buffer), op)
+                    op.result.replace_all_uses_with(buffer)
+                    op.erase()
+                    reused += 1
+    for op in walk(module.operation):  # a view's storage is freed through the allocation itself
+        if op.name == "memref.dealloc" and _owner_name(op.operands[0]) == "memref.view":
+            op.operands[0] = operation(op.operands[0].owner).operands[0]
+    return reused
+
+
+def _owner_name(v: ir.Value) -> str | None:
+    return None if isinstance(v.owner, ir.Block) else operation(v.owner).name
+
+
+def _freed_key(v: ir.Value, block: ir.Block) -> tuple | None:
+    """The byte-size key of a buffer this block allocated (directly or as a view of bytes)."""
+    if _owner_name(v) not in ("memref.alloc", "memref.view") or operation(v.owner).block != block:
+        return None
+    op = operation(v.owner)
+    return _size_key(v.type, list(op.operands) if op.name == "memref.alloc" else list(op.operands)[2:])
+
+
+def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:
+    t = ir.MemRefType(t)
+    elem = _element_bytes(t.element_type)
+    if elem is None or not dynamic_sizes or "affine_map" in str(t) or "strided" in str(t):
+        return None
+    static = elem
+    for i in range(t.rank):
+        static *= 1 if t.is_dynamic_dim(i) else t.shape[i]
+    return static, tuple(sorted(dynamic_sizes, key=hash))
+
+
+def _index_op(name: str, operands: list[ir.Value] = (), value: int | None = None) -> ir.Value:
+    index = ir.IndexType.get()
+    attrs = {} if value is None else {"value": ir.IntegerAttr.get(index, value)}
+    return ir.Operation.create(name, results=[index], operands=list(operands), attributes=attrs).result
+
+
+def _storage(buffer: ir.Value) -> ir.Value:
+    """The 1-D byte buffer behind `buffer`; a typed allocation is turned into bytes + a view."""
+    op = operation(buffer.owner)
+    if op.name == "memref.view":
+        return op.operands[0]
+    key = _size_key(buffer.type, list(op.operands))
+    with ir.InsertionPoint(op), op.location:
+        nbytes = _index_op("arith.constant", value=key[0])
+        for d in op.operands:
+            nbytes = _index_op("arith.muli", [nbytes, d])
+        storage = ir.Operation.create(
+            "memref.alloc", results=[ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))],
+            operands=[nbytes], attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ARENA_ALIGNMENT),
+                                           "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 0])}).result
+    view = _view(storage, op)
+    buffer.replace_all_uses_with(view)
+    op.erase()
+    return storage
+
+
+def _view(storage: ir.Value, alloc: ir.Operation) -> ir.Value:
+    """`alloc`'s buffer as a view at the start of `storage` (inserted before `alloc`)."""
+    with ir.InsertionPoint(alloc), alloc.location:
+        zero = _index_op("arith.constant", value=0)
+        return ir.Operation.create("memref.view", results=[alloc.result.type],
+                                   operands=[storage, zero, *alloc.operands]).result
+
+
+_INTERVAL_OPS = {
+    "arith.addi": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "arith.subi": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    "arith.muli": lambda a, b: (min(x * y for x in a for y in b), max(x * y for x in a for y in b)),
+    "arith.maxsi": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+    "arith.minsi": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+    "arith.ceildivsi": lambda a, b: (-(-a[0] // b[1]), -(-a[1] // b[0])) if b[0] > 0 and a[0] >= 0 else None,
+    "arith.divsi": lambda a, b: (a[0] // b[1], a[1] // b[0]) if b[0] > 0 and a[0] >= 0 else None,
+}
+
+
+def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, depth: int = 0) -> tuple[int, int] | None:
+    """Bounds of an index value computed from constants and argument dims; None if unknown."""
+    if isinstance(v.owner, ir.Block) or depth > 32:
+        return None
+    op = operation(v.owner)
+    if op.name == "arith.constant" and isinstance(op.result.type, (ir.IndexType, ir.IntegerType)):
+        c = ir.IntegerAttr(op.attributes["value"]).value
+        return c, c
+    if op.name == "memref.dim":
+        src, index = op.operands
+        if (isinstance(src.owner, ir.Block) and src.owner == entry_block and src.arg_number < len(shapes.args)
+                and (i := _interval(index, entry_block, shapes, depth + 1)) is not None):
+            return shapes.facts.range(shapes.args[src.arg_number][1][i[0]])
+        return None
+    if op.name in ("arith.index_cast", "arith.index_castui"):
+        return _interval(op.operands[0], entry_block, shapes, depth + 1)
+    if op.name in _INTERVAL_OPS:
+        a, b = (_interval(x, entry_block, shapes, depth + 1) for x in op.operands)
+        return None if a is None or b is None else _INTERVAL_OPS[op.name](a, b)
+    return None
+
+
+def _element_bytes(t: ir.Type) -> int | None:
+    if isinstance(t, ir.ComplexType):
+        inner = _element_bytes(t.element_type)
+        return None if inner is None else 2 * inner
+    if isinstance(t, ir.IndexType):
+        return 8
+    if isinstance(t, (ir.IntegerType, ir.FloatType)):
+        return (t.width + 7) // 8
+    return None
+
+
+def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis) -> int | None:
+    t = ir.MemRefType(alloc.result.type)
+    size = _element_bytes(t.element_type)
+    if size is None or "affine_map" in str(t) or "strided" in str(t):  # views need the identity layout
+        return None
+    dynamic = iter(alloc.operands)
+    for i in range(t.rank):
+        if t.is_dynamic_dim(i):
+            bounds = _interval(next(dynamic), entry_block, shapes)
+            if bounds is None:
+                return None
+            size *= max(bounds[1], 0)
+        else:
+            size *= t.shape[i]
+    return size
+
+
+def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
+    """Places the entry block's bounded buffers (those it frees itself) in one arena; returns
+    (buffers placed, arena bytes)."""
+    block = entry.regions[0].blocks[0]
+    ops = [op.operation for op in block.operations]
+    frees: dict[ir.Value, tuple[int, ir.Operation]] = {}  # buffer -> where the block frees it
+    for i, op in enumerate(ops):
+        if op.name == "memref.dealloc":
+            frees[op.operands[0]] = (i, op)
+    placed: list[tuple[int, int, int, int, ir.Operation, ir.Operation]] = []  # start, end, offset, size, alloc, dealloc
+    for start, op in enumerate(ops):
+        if op.name != "memref.alloc" or op.result not in frees:
+            continue
+        end, dealloc = frees[op.result]
+        size = _upper_bytes(op, block, shapes)
+        if size is None or size > ARENA_BUFFER_LIMIT:
+            continue
+        size = max(-(-size // ARENA_ALIGNMENT) * ARENA_ALIGNMENT, ARENA_ALIGNMENT)
+        offset = 0
+        for _, _, o, s in sorted((p[:4] for p in placed if p[0] < end and start < p[1]), key=lambda p: p[2]):
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((start, end, offset, size, op, dealloc))
+    if not placed:
+        return 0, 0
+    total = max(p[2] + p[3] for p in placed)
+    index = ir.IndexType.get()
+    with ir.InsertionPoint.at_block_begin(block), entry.location:
+        arena_type = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
+        arena = ir.Operation.create("memref.alloc", results=[arena_type], operands=[],
+                                    attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ARENA_ALIGNMENT),
+                                                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([0, 0])}).result
+    for _, _, offset, _, alloc, dealloc in placed:
+        with ir.InsertionPoint(alloc), alloc.location:
+            shift = ir.Operation.create("arith.constant", results=[index],
+                                        attributes={"value": ir.IntegerAttr.get(index, offset)}).result
+            view = ir.Operation.create("memref.view", results=[alloc.result.type],
+                                       operands=[arena, shift, *alloc.operands])
+        alloc.result.replace_all_uses_with(view.result)
+        dealloc.erase()
+        alloc.erase()
+    terminator = list(block.operations)[-1]
+    with ir.InsertionPoint(terminator), entry.location:
+        ir.Operation.create("memref.dealloc", operands=[arena])
+    return len(placed), total

@@ -130,6 +130,21 @@ def _dynamic_broadcast_in_dim(op, t: Text, state):
     return [_generic(t, out_type, dims, body, "%e")]
 
 
+def _is_shape_vector(op: ir.Operation) -> bool:
+    """A small 1-D integer tensor: a shape being computed, not data."""
+    t = ir.RankedTensorType(op.result.type)
+    return t.rank == 1 and t.has_static_shape and t.shape[0] <= 16 and not isinstance(t.element_type, ir.FloatType)
+
+
+@register_template("stablehlo.concatenate", when=_is_shape_vector)
+def _shape_concatenate(op, t: Text, state):
+    """Shape vectors are assembled from scalars on the host, not by a kernel: the element reads
+    fold into the scalars the operands were built from."""
+    elems = [t(f"tensor.extract %a{k}[{t.const(j)}] : {v.type}")
+             for k, v in enumerate(op.operands) for j in range(ir.RankedTensorType(v.type).shape[0])]
+    return [t(f"tensor.from_elements {', '.join(elems)} : {op.result.type}")]
+
+
 @register_template("stablehlo.dynamic_reshape")
 def _dynamic_reshape(op, t: Text, state):
     return [t(f"tensor.reshape %a0(%a1) : ({op.operands[0].type}, {op.operands[1].type}) -> {op.result.type}")]

@@ -171,7 +171,8 @@ _PLUMBING = ("memref.", "scf.", "arith.constant", "arith.index_cast", "llvm.", "
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str
-    kind: str              # "elementwise", "reduction" (inner loops), "fill" (stores a value, computes nothing)
+    kind: str              # "elementwise", "reduction" (inner loops), "copy" (moves data: transposes,
+                           # broadcasts), "fill" (stores a value, computes nothing)
     parallel_dims: int     # the first one is split over the RAL thread pool
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
 
@@ -182,7 +183,12 @@ class Kernel:
 def _describe(name: str, op: ir.Operation) -> Kernel:
     inner = list(walk(op))[1:]
     ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)))
-    kind = "reduction" if any(o.name == "scf.for" for o in inner) else "elementwise" if ops else "fill"
+    if any(o.name == "scf.for" for o in inner):
+        kind = "reduction"
+    elif ops:
+        kind = "elementwise"
+    else:
+        kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
     return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops)
 
 

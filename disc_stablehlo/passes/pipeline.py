@@ -16,8 +16,11 @@ from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
-from .buffers import free_after_last_use
+from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
+from .dims import unify_argument_dims
+from .fusion import forward_uniform_operands
 from .lower import lower_module
+from .shape_dialect import resolve_ranked_shapes
 from .signless import make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
@@ -29,7 +32,10 @@ SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-cons
                 "convert-shape-to-std, canonicalize, cse")
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
-TO_LINALG = "stablehlo-legalize-to-linalg, canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
+FUSE = "canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
+# arith on whole tensors (shape vectors cast to i32) becomes linalg: bufferized as is, an index_cast of a
+# tensor would reinterpret the buffer instead of converting each element
+TO_LINALG = f"stablehlo-legalize-to-linalg, func.func(convert-elementwise-to-linalg), {FUSE}"
 BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
              "allow-return-allocs-from-loops}, canonicalize")
 # buffers are freed after their last use, so the RAL's cache hands their memory to later buffers
@@ -71,6 +77,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main);
         #    shape-dialect computations (torch-mlir's) become tensor/arith
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        resolve_ranked_shapes(module)
         run_pipeline(module, f"builtin.module({SHAPE_TO_STD})", "shape dialect lowering")
         # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
         run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
@@ -94,12 +101,20 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         # 7. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
+        forward_uniform_operands(module)
+        unify_argument_dims(_function(module, entry_name), shapes)
+        run_pipeline(module, f"builtin.module({FUSE})", "fusion")
         make_signless(module)
         # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
         if buffer_reuse:
             run_pipeline(module, f"builtin.module({FREE_AFTER_LAST_USE})", "buffer deallocation")
             free_after_last_use(module)
+            shared = reuse_equal_buffers(module)
+            shapes.uses.append(f"{shared} dynamically sized buffer(s) take the storage of a freed buffer of provably equal size")
+            for name in [entry_name] + ([GUARD_FUNCTION] if assertions else []):  # both take the entry's arguments
+                placed, arena = plan_arena(_function(module, name), shapes)
+                shapes.uses.append(f"@{name}: {placed} buffer(s) of bounded size placed in an arena of {arena} bytes")
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
         # 9. outermost parallel loops run on the RAL thread pool
         kernels = outline_parallel_loops(module)

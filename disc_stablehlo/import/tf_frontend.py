@@ -1,0 +1,104 @@
+"""TensorFlow frontend (the `[tf]` extra): a `tf.function` (or a plain function) with
+`tf.TensorSpec` specs whose `None` dims stay dynamic.
+
+The function is traced, its variables frozen into constants (control flow kept as
+`tf.While`/`tf.If`, which TF's exporter turns into StableHLO control flow) and converted by TF's
+own StableHLO exporter. The exporter leaves a `tf.Reshape` whose result has an unknown dim as a
+TF op; it is rewritten here into `stablehlo.dynamic_reshape` with the `-1` resolved at run time.
+Any other TF op left behind is reported as unsupported."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from torch_mlir import ir
+
+from ..bounded_dynamism import signature_from_function
+from ..errors import CompileError, UnsupportedOpError
+from ..mlir_support import describe, new_context, walk
+from ..passes.lower import LoweringState
+from . import Imported, find_entry, register_frontend
+
+
+def _is_tf(obj: Any, specs: tuple) -> bool:
+    tf = sys.modules.get("tensorflow")  # never import TensorFlow for another frontend's input
+    if tf is None:
+        return False
+    return (type(obj).__module__ or "").startswith("tensorflow") or (
+        callable(obj) and bool(specs) and all(isinstance(s, tf.TensorSpec) for s in specs))
+
+
+def _shape_text(spec: Any) -> str:
+    return ",".join("?" if d is None else str(d) for d in spec.shape.as_list())
+
+
+def _from_tf(fn: Any, *specs: Any) -> Imported:
+    import tensorflow as tf
+    from tensorflow.compiler.mlir.tensorflow_to_stablehlo.python import pywrap_tensorflow_to_stablehlo as to_stablehlo
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    if not all(isinstance(s, tf.TensorSpec) for s in specs):
+        raise CompileError("a TensorFlow function needs one tf.TensorSpec per argument (None for a dynamic dim)")
+    traced = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
+    concrete = traced.get_concrete_function(*specs)
+    frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+    try:
+        bytecode = to_stablehlo.tensorflow_module_to_stablehlo(tf.mlir.experimental.convert_function(frozen),
+                                                               ":".join(_shape_text(s) for s in specs))
+    except Exception as e:
+        raise CompileError(f"TensorFlow's StableHLO exporter failed: {e}") from None
+    ctx = new_context()
+    ctx.allow_unregistered_dialects = True  # the TF ops the exporter leaves behind
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(bytecode)
+        _convert_leftovers(module)
+        ctx.allow_unregistered_dialects = False
+        entry = find_entry(module)
+        names = [s.name or f"arg{i}" for i, s in enumerate(specs)]
+        sig = signature_from_function(entry, None, names)
+        structure = concrete.structured_outputs
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig,
+                        pack_results=lambda outs: tf.nest.pack_sequence_as(structure, outs))
+
+
+def _convert_leftovers(module: ir.Module) -> None:
+    state = LoweringState(module)
+    for op in walk(module.operation):
+        if op.name == "tf.Reshape":
+            name = state.fresh_symbol("tf_reshape")
+            state.replace_with_call(op, _reshape_function(name, op), name)
+        elif op.name.startswith("tf."):
+            raise UnsupportedOpError(f"TensorFlow's StableHLO exporter left {describe(op)} unconverted")
+
+
+def _reshape_function(name: str, op: ir.Operation) -> str:
+    """tf.Reshape(x, shape) with at most one -1 in `shape`: the missing size is the element count
+    divided by the product of the others (at least 1, so an empty tensor divides by nothing)."""
+    x_type, s_type, r_type = op.operands[0].type, op.operands[1].type, op.result.type
+    elem = str(ir.RankedTensorType(s_type).element_type)
+    k = ir.RankedTensorType(s_type).shape[0]
+    scalar, mask = f"tensor<{elem}>", f"tensor<{k}xi1>"
+    lines = [f"%one = stablehlo.constant dense<1> : {scalar}", "%n0 = stablehlo.constant dense<1> : " + scalar]
+    for i in range(ir.RankedTensorType(x_type).rank):
+        lines += [f"%d{i} = stablehlo.get_dimension_size %x, dim = {i} : ({x_type}) -> tensor<i32>",
+                  f"%e{i} = stablehlo.convert %d{i} : (tensor<i32>) -> {scalar}",
+                  f"%n{i + 1} = stablehlo.multiply %n{i}, %e{i} : {scalar}"]
+    n = f"%n{ir.RankedTensorType(x_type).rank}"
+    lines += [
+        f"%p = stablehlo.reduce(%s init: %one) applies stablehlo.multiply across dimensions = [0] : ({s_type}, {scalar}) -> {scalar}",
+        f"%q = stablehlo.negate %p : {scalar}",
+        f"%known = stablehlo.maximum %q, %one : {scalar}",
+        f"%missing = stablehlo.divide {n}, %known : {scalar}",
+        f"%fill = stablehlo.broadcast_in_dim %missing, dims = [] : ({scalar}) -> {s_type}",
+        f"%minus = stablehlo.constant dense<-1> : {s_type}",
+        f"%is = stablehlo.compare EQ, %s, %minus : ({s_type}, {s_type}) -> {mask}",
+        f"%shape = stablehlo.select %is, %fill, %s : {mask}, {s_type}",
+        f"%r = stablehlo.dynamic_reshape %x, %shape : ({x_type}, {s_type}) -> {r_type}",
+        f"return %r : {r_type}",
+    ]
+    body = "\n  ".join(lines)
+    return f"func.func private @{name}(%x: {x_type}, %s: {s_type}) -> {r_type} {{\n  {body}\n}}"
+
+
+register_frontend(_is_tf, _from_tf)

@@ -1,0 +1,52 @@
+"""Dims the shape analysis proves equal become one SSA value.
+
+Every `tensor.dim` of an entry argument is replaced by the same dim of the first argument whose
+symbolic size is the same (or by a constant, when the facts fix it). CSE then merges the shape
+arithmetic built on them, and buffers of provably equal size get identical size operands, which
+is what lets the buffer plan (`buffers.reuse_equal_buffers`) share them."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from ..bounded_dynamism.analysis import ShapeAnalysis
+from ..mlir_support import walk
+
+
+def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
+    """Returns how many dim reads were replaced (each is listed in `shapes.uses`)."""
+    block = entry.regions[0].blocks[0]
+    canon = [[shapes.facts.canon(d) for d in dims] for _, dims in shapes.args]
+    first: dict[str, tuple[int, int]] = {}
+    for a, dims in enumerate(canon):
+        for i, d in enumerate(dims):
+            first.setdefault(str(d), (a, i))
+    replaced = 0
+    for op in walk(entry):
+        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
+            continue
+        index = op.operands[1].owner
+        if isinstance(index, ir.Block) or index.name != "arith.constant":
+            continue
+        a, i = op.operands[0].arg_number, ir.IntegerAttr(index.attributes["value"]).value
+        if a >= len(canon):
+            continue
+        d = canon[a][i]
+        with ir.InsertionPoint(op), op.location:
+            if d.constant is not None:
+                new = ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
+                                          attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), d.constant)})
+            elif first[str(d)] != (a, i):
+                ra, ri = first[str(d)]
+                ri_value = ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
+                                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), ri)})
+                new = ir.Operation.create("tensor.dim", results=[ir.IndexType.get()],
+                                          operands=[block.arguments[ra], ri_value.result])
+            else:
+                continue
+        what = f"constant {d.constant}" if d.constant is not None else f"{shapes.args[ra][0]} dim {ri}"
+        shapes.uses.append(f"{shapes.args[a][0]} dim {i} ({d}) read as {what}")
+        op.result.replace_all_uses_with(new.result)
+        op.erase()
+        replaced += 1
+    return replaced
