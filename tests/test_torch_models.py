@@ -54,10 +54,21 @@ class Conv1d(torch.nn.Module):
         return torch.tanh(self.conv(x))
 
 
-class MaskCumsumArgmax(torch.nn.Module):
+class MaskCumsumArgmaxTopk(torch.nn.Module):
     def forward(self, x, mask):
         y = torch.where(mask, x, torch.zeros_like(x)).cumsum(dim=1)
-        return y, y.argmax(dim=1), mask.long().cumsum(dim=1)
+        top, where = torch.topk(x, 2, dim=1)
+        ascending, order = torch.sort(x, dim=1)
+        return y, y.argmax(dim=1), mask.long().cumsum(dim=1), top, where, ascending, order
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn, self.out = getattr(torch.nn, kind)(8, 16, batch_first=True), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0])
 
 
 class ConcatIndependent(torch.nn.Module):
@@ -74,7 +85,9 @@ MODELS = [
     ("causal_attention_embedding", CausalAttention, lambda b, s: (torch.randint(0, 50, (b, s)),), {"tokens": {0: B, 1: S}}),
     ("cnn_nchw", CNN, lambda b, s: (torch.randn(b, 3, 2 * s, 2 * s),), {"x": {0: B, 2: 2 * Dim("h", min=2, max=64), 3: 2 * Dim("w", min=2, max=64)}}),
     ("conv1d_dynamic_length", Conv1d, lambda b, s: (torch.randn(b, 4, s),), {"x": {0: B, 2: S}}),
-    ("mask_cumsum_argmax", MaskCumsumArgmax, lambda b, s: (torch.randn(b, s), torch.rand(b, s) > 0.3),
+    ("gru", lambda: Recurrent("GRU"), lambda b, s: (torch.randn(b, 6, 8),), {"x": {0: B}}),
+    ("lstm", lambda: Recurrent("LSTM"), lambda b, s: (torch.randn(b, 6, 8),), {"x": {0: B}}),
+    ("mask_cumsum_argmax_topk", MaskCumsumArgmaxTopk, lambda b, s: (torch.randn(b, s), torch.rand(b, s) > 0.3),
      {"x": {0: B, 1: S}, "mask": {0: B, 1: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),

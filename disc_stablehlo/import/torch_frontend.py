@@ -35,13 +35,54 @@ def _cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
     return (moved @ tri).movedim(-1, dim)
 
 
+def _sort(x: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:
+    """sort by ranks (torch-mlir's own lowering builds a `stablehlo.iota` of dynamic shape, which
+    StableHLO forbids): element i goes to position #{j: x_j before x_i} + #{j < i: x_j == x_i},
+    which is stable; values and indices are then read off a one-hot of the positions. Quadratic
+    in the sorted dim, as the comparison sort it lowers to."""
+    import torch
+
+    xm = x.movedim(dim, -1)
+    n = xm.shape[-1]
+    pos = torch.arange(n, device=x.device)
+    xi, xj = xm.unsqueeze(-1), xm.unsqueeze(-2)
+    before = (xj > xi) if descending else (xj < xi)
+    tie = (xj == xi) & (pos.unsqueeze(0) < pos.unsqueeze(1))
+    rank = before.sum(-1) + tie.sum(-1)
+    onehot = rank.unsqueeze(-2) == pos.unsqueeze(-1)  # [..., position, element]
+    values = torch.where(onehot, xj, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1).to(x.dtype)
+    indices = torch.where(onehot, pos, torch.zeros((), dtype=pos.dtype, device=x.device)).sum(-1)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def _sort_stable(x: Any, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> Any:
+    return _sort(x, dim, descending)
+
+
+def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+    values, indices = _sort(x, dim, descending=largest)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
+def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> Any:
+    """Strides mean nothing to a value-semantics compiler; torch-mlir guards non-default ones with
+    a run-time assert StableHLO cannot express (RNNs allocate their state this way)."""
+    import torch
+
+    return torch.empty(size, dtype=dtype, device=device)
+
+
 def _decompositions() -> dict:
-    """torch-mlir's table plus our cumsum."""
+    """torch-mlir's table plus ours (cumsum, sort and topk, empty_strided)."""
     import torch
     import torch_mlir.fx as fx
 
     table = dict(fx.get_decomposition_table())
     table[torch.ops.aten.cumsum.default] = _cumsum
+    table[torch.ops.aten.empty_strided.default] = _empty_strided
+    table[torch.ops.aten.sort.default] = _sort
+    table[torch.ops.aten.sort.stable] = _sort_stable
+    table[torch.ops.aten.topk.default] = _topk
     return table
 
 
