@@ -513,6 +513,58 @@ def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> Sha
         w.dims[arg] = dims
         args.append((spec.name, dims))
     w.run(block)
+    _rebuild_shape_operands(w, block)
     ret = block.operations[len(block.operations) - 1]
     results = [w.of(v) for v in ret.operands]
     return ShapeAnalysis(facts, args, results, w.values, w.broadcasts, variables)
+
+
+# ops whose result shape is an operand: its position
+_SHAPE_OPERAND = {"stablehlo.dynamic_reshape": 1, "stablehlo.dynamic_broadcast_in_dim": 1, "stablehlo.dynamic_iota": 0}
+
+
+def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
+    """Shape operands whose every element the analysis knows as a polynomial in the arguments'
+    dims are rebuilt from those dims (as index values): shapes computed along different routes
+    (JAX computes them in i32, a cast the IR cannot see through) become the same SSA values, so
+    loops over provably equal dims get identical bounds and can fuse."""
+    var_dim: dict[str, tuple[ir.Value, int]] = {}
+    for arg in block.arguments:
+        for i, d in enumerate(w.dims.get(arg, [])):
+            c = w.facts.canon(d)
+            if _is_var(c):
+                var_dim.setdefault(str(c), (arg, i))
+    index = ir.IndexType.get()
+
+    def const(v: int) -> ir.Value:
+        return ir.Operation.create("arith.constant", results=[index], attributes={"value": ir.IntegerAttr.get(index, v)}).result
+
+    def build(d: Dim) -> ir.Value | None:
+        total = None
+        for mono, coeff in sorted(d.terms.items()):
+            if any(v not in var_dim for v in mono):
+                return None
+            term = const(coeff)
+            for v in mono:
+                arg, i = var_dim[v]
+                dim = ir.Operation.create("tensor.dim", results=[index], operands=[arg, const(i)]).result
+                term = dim if coeff == 1 and term is not None and len(mono) == 1 else \
+                    ir.Operation.create("arith.muli", results=[index], operands=[term, dim]).result
+            total = term if total is None else ir.Operation.create("arith.addi", results=[index], operands=[total, term]).result
+        return total if total is not None else const(0)
+
+    for op in list(block.operations):
+        op = op.operation
+        if op.name not in _SHAPE_OPERAND:
+            continue
+        pos = _SHAPE_OPERAND[op.name]
+        content = w.content.get(op.operands[pos])
+        if content is None:
+            continue
+        with ir.InsertionPoint(op), op.location:
+            elems = [build(w.facts.canon(d)) for d in content]
+            if any(e is None for e in elems):
+                continue
+            shape = ir.Operation.create("tensor.from_elements", results=[ir.RankedTensorType.get([len(elems)], index)],
+                                        operands=elems).result
+        op.operands[pos] = shape

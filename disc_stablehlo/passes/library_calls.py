@@ -44,6 +44,44 @@ def _as_3d(t: Text, value: str, vtype: ir.Type, perm: list[int], groups: list[li
     return t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>"), sizes
 
 
+def _unflatten(t: Text, c: str, elem: str, out_t: ir.RankedTensorType, group_sizes: list[int], out_dims: list[str]) -> str:
+    """The [batch, m, n] product as the result's dims: size-1 dims of empty groups collapse away,
+    the rest expand into their groups (reshapes whose result dims fold to `out_dims`, so loops
+    over the result get the same bounds as loops over its operands)."""
+    starts = [sum(group_sizes[:i]) for i in range(3)]
+    kept = [i for i in range(3) if group_sizes[i]]
+    collapse, current = [], []
+    for i in range(3):  # every empty group joins the next kept dim (the last kept one, at the end)
+        current.append(i)
+        if group_sizes[i]:
+            collapse.append(current)
+            current = []
+    if current and collapse:
+        collapse[-1] += current
+    sizes = []
+    for g in kept:
+        dims = [out_t.shape[d] for d in range(starts[g], starts[g] + group_sizes[g])]
+        sizes.append("?" if any(out_t.is_dynamic_dim(d) for d in range(starts[g], starts[g] + group_sizes[g]))
+                     else str(_static_product(dims)))
+    collapsed_dyn = f"tensor<{'?x' * len(kept)}{elem}>"
+    flat = t(f"tensor.collapse_shape {c} {collapse} : tensor<?x?x?x{elem}> into {collapsed_dyn}")
+    if not kept:
+        return flat
+    collapsed = f"tensor<{''.join(x + 'x' for x in sizes)}{elem}>"
+    if collapsed != collapsed_dyn:
+        flat = t(f"tensor.cast {flat} : {collapsed_dyn} to {collapsed}")
+    expand = [list(range(starts[g], starts[g] + group_sizes[g])) for g in kept]
+    shape = ", ".join(str(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else out_dims[d] for d in range(out_t.rank))
+    return t(f"tensor.expand_shape {flat} {expand} output_shape [{shape}] : {collapsed} into {out_t}")
+
+
+def _static_product(dims: list[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
 def _is_blas_dot(op: ir.Operation) -> bool:
     """f32/f64 dots go to the BLAS; other element types to the upstream conversion's loops."""
     types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}
@@ -75,11 +113,9 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     sig = "(i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, !llvm.ptr, i64, i64, i64, !llvm.ptr) -> ()"
     t.emit(f"func.call @{fn}({b64}, {m64}, {n64}, {k64}, {pa}, {', '.join(sa)}, {pb}, {', '.join(sb)}, {pc}) : {sig}")
     c = t(f"bufferization.to_tensor {mc} restrict writable : memref<?x?x?x{elem}> to {dyn3}")
-    out_t = ir.RankedTensorType(op.result.type)
     out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
-    shape = t(f"tensor.from_elements {', '.join(out_dims)} : tensor<{out_t.rank}xindex>")
-    result = t(f"tensor.reshape {c}({shape}) : ({dyn3}, tensor<{out_t.rank}xindex>) -> {out_t}")
-    t.emit(f"return {result} : {out_t}")
+    result = _unflatten(t, c, elem, ir.RankedTensorType(op.result.type), [len(lb), len(lf), len(rf)], out_dims)
+    t.emit(f"return {result} : {op.result.type}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     name = state.fresh_symbol("gemm")
     state.replace_with_call(op, t.function(name, op), name)

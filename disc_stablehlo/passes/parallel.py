@@ -14,6 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..mlir_support import is_inside, new_private_function, operation, walk
+from .loops import FUSED_ATTR
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
@@ -171,8 +172,10 @@ _PLUMBING = ("memref.", "scf.", "arith.constant", "arith.index_cast", "llvm.", "
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str
-    kind: str              # "elementwise", "reduction" (inner loops), "copy" (moves data: transposes,
-                           # broadcasts), "fill" (stores a value, computes nothing)
+    kind: str              # fused loops: "stitch fusion" (a reduction and its consumers), "input fusion"
+                           # (a reduction and its producers), "loop fusion"; one loop: "elementwise",
+                           # "reduction" (inner loops), "copy" (moves data: transposes, broadcasts),
+                           # "fill" (stores a value, computes nothing)
     parallel_dims: int     # the first one is split over the RAL thread pool
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
 
@@ -182,8 +185,11 @@ class Kernel:
 
 def _describe(name: str, op: ir.Operation) -> Kernel:
     inner = list(walk(op))[1:]
-    ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)))
-    if any(o.name == "scf.for" for o in inner):
+    ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)
+                              and not all(isinstance(r.type, ir.IndexType) for r in o.results)))  # index math
+    if FUSED_ATTR in op.attributes:
+        kind = f"{ir.StringAttr(op.attributes[FUSED_ATTR]).value} fusion"
+    elif any(o.name == "scf.for" for o in inner):
         kind = "reduction"
     elif ops:
         kind = "elementwise"

@@ -19,6 +19,7 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import unify_argument_dims
 from .fusion import forward_uniform_operands
+from .loops import collapse_rows, copies_to_linalg, fuse_loops
 from .lower import lower_module
 from .shape_dialect import resolve_ranked_shapes
 from .signless import make_signless
@@ -32,7 +33,8 @@ SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-cons
                 "convert-shape-to-std, canonicalize, cse")
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
-FUSE = "canonicalize, cse, linalg-fuse-elementwise-ops, canonicalize, cse"
+# dims of op results are rewritten in terms of the operands' dims, so equal dims end up as one SSA value
+FUSE = ("canonicalize, cse, linalg-fuse-elementwise-ops, resolve-ranked-shaped-type-result-dims, canonicalize, cse")
 # arith on whole tensors (shape vectors cast to i32) becomes linalg: bufferized as is, an index_cast of a
 # tensor would reinterpret the buffer instead of converting each element
 TO_LINALG = f"stablehlo-legalize-to-linalg, func.func(convert-elementwise-to-linalg), {FUSE}"
@@ -40,7 +42,7 @@ BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary
              "allow-return-allocs-from-loops}, canonicalize")
 # buffers are freed after their last use, so the RAL's cache hands their memory to later buffers
 FREE_AFTER_LAST_USE = "buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize"
-TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), canonicalize"
+TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), resolve-ranked-shaped-type-result-dims, canonicalize, cse"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",
     "finalize-memref-to-llvm{use-generic-functions}", "convert-complex-to-standard", "convert-math-to-llvm",
@@ -107,6 +109,13 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         make_signless(module)
         # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
+        copies_to_linalg(module)
+        run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
+        # 9. loops over the same rows fuse; rows are what the thread pool splits
+        fuse_loops(module)
+        collapse_rows(module)
+        run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
+        # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
         if buffer_reuse:
             run_pipeline(module, f"builtin.module({FREE_AFTER_LAST_USE})", "buffer deallocation")
             free_after_last_use(module)
@@ -115,8 +124,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
             for name in [entry_name] + ([GUARD_FUNCTION] if assertions else []):  # both take the entry's arguments
                 placed, arena = plan_arena(_function(module, name), shapes)
                 shapes.uses.append(f"@{name}: {placed} buffer(s) of bounded size placed in an arena of {arena} bytes")
-        run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
-        # 9. outermost parallel loops run on the RAL thread pool
+        # 11. outermost parallel loops run on the RAL thread pool
         kernels = outline_parallel_loops(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")

@@ -1,0 +1,273 @@
+"""Loop fusion and the shape of the parallel loops, on buffers (after linalg -> scf.parallel).
+
+- Fusion. Consecutive top-level `scf.parallel` loops whose leading dims are the same (same
+  bounds: the shape analysis made equal dims the same SSA values) are fused over those dims, the
+  "rows", when every buffer one of them writes and the other touches is accessed only at the
+  current row (its leading indices are the row's induction variables). Each row then runs the
+  loops' bodies one after the other, so what a row writes stays in cache until the next body
+  reads it: a reduction with its consumers (softmax, layer norm: "stitch" fusion), with its
+  producers ("input" fusion), or elementwise loops that upstream fusion could not merge ("loop").
+- Shape. A loop's leading dims (all but the innermost, which stays a loop LLVM vectorises) are
+  collapsed into one linear dim, so the thread pool splits all rows, not just the first dim
+  (batch 1 would otherwise run on one thread)."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from ..mlir_support import operation, walk
+
+# ops between two loops that may move above the first one (their operands permitting)
+_HOISTABLE = ("arith.", "memref.alloc", "memref.dim", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
+              "memref.subview", "memref.reinterpret_cast", "memref.extract_strided_metadata", "memref.view",
+              "affine.apply")
+_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview", "memref.reinterpret_cast",
+          "memref.reshape", "memref.view", "memref.transpose")
+FUSED_ATTR = "disc.fusion"  # on a fused loop: its fusion kind (read by the kernel descriptions)
+
+
+def _index(value: int) -> ir.Value:
+    return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
+                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
+
+
+def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    return ir.Operation.create(name, results=[a.type], operands=[a, b]).result
+
+
+def _dims(loop: ir.Operation) -> int:
+    return len(loop.regions[0].blocks[0].arguments)
+
+
+def _bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+    n = _dims(loop)
+    ops = list(loop.operands)
+    return [(ops[i], ops[n + i], ops[2 * n + i]) for i in range(n)]
+
+
+def _new_loop(bounds: list[tuple[ir.Value, ir.Value, ir.Value]]) -> tuple[ir.Operation, ir.Block]:
+    """An empty scf.parallel over `bounds` (at the current insertion point) and its body."""
+    n = len(bounds)
+    loop = ir.Operation.create("scf.parallel", operands=[b[0] for b in bounds] + [b[1] for b in bounds] + [b[2] for b in bounds],
+                               attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([n, n, n, 0])}, regions=1)
+    body = loop.regions[0].blocks.append(*[ir.IndexType.get()] * n)
+    with ir.InsertionPoint(body):
+        ir.Operation.create("scf.reduce")
+    return loop, body
+
+
+def _move_body(src: ir.Block, dst: ir.Block, ivs: list[ir.Value]) -> None:
+    """Moves `src`'s ops but its terminator before `dst`'s terminator; `src`'s arguments become `ivs`."""
+    for old, new in zip(src.arguments, ivs):
+        old.replace_all_uses_with(new)
+    terminator = list(dst.operations)[-1]
+    for op in list(src.operations)[:-1]:
+        op.operation.move_before(terminator)
+
+
+def _split(loop: ir.Operation, k: int) -> ir.Operation:
+    """loop(d0..dn) -> loop(d0..dk-1) { loop(dk..dn) { body } }; returns the outer loop."""
+    bounds = _bounds(loop)
+    if k >= len(bounds):
+        return loop
+    with ir.InsertionPoint(loop), loop.location:
+        outer, outer_body = _new_loop(bounds[:k])
+    with ir.InsertionPoint(list(outer_body.operations)[-1]), loop.location:
+        inner, inner_body = _new_loop(bounds[k:])
+    body = loop.regions[0].blocks[0]
+    _move_body(body, inner_body, list(outer_body.arguments) + list(inner_body.arguments))
+    for name in loop.attributes:
+        if name != "operandSegmentSizes":
+            outer.attributes[name] = loop.attributes[name]
+    loop.erase()
+    return outer
+
+
+def _same_bound(a: ir.Value, b: ir.Value) -> bool:
+    if a == b:
+        return True
+    ca, cb = (_constant(v) for v in (a, b))
+    return ca is not None and ca == cb
+
+
+def _constant(v: ir.Value) -> int | None:
+    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.constant":
+        return None
+    return ir.IntegerAttr(operation(v.owner).attributes["value"]).value
+
+
+def _root(v: ir.Value) -> ir.Value:
+    while not isinstance(v.owner, ir.Block) and operation(v.owner).name in _VIEWS:
+        v = operation(v.owner).operands[0]
+    return v
+
+
+def _accesses(loop: ir.Operation) -> list[tuple[ir.Value, list[ir.Value], bool]] | None:
+    """(memref, indices, writes) of every load and store in `loop`; None if something else
+    touches memory (a call, a copy), which this pass cannot reason about."""
+    found = []
+    for op in list(walk(loop))[1:]:
+        if op.name in ("memref.load", "memref.store"):
+            store = op.name == "memref.store"
+            ref = op.operands[1] if store else op.operands[0]
+            found.append((ref, list(op.operands)[2 if store else 1:], store))
+        elif op.name in ("memref.dim", "memref.extract_strided_metadata") or op.name in _VIEWS:
+            continue
+        elif any(isinstance(v.type, ir.MemRefType) for v in op.operands) or op.name.startswith(("func.call", "llvm.call")):
+            return None
+    return found
+
+
+def _row_local(first: ir.Operation, second: ir.Operation, k: int) -> bool:
+    """Whether fusing over the leading k dims keeps every dependence between the loops within
+    one row: each buffer written by one and touched by the other is read and written through
+    one memref value, always at indices that start with the row's induction variables."""
+    acc1, acc2 = _accesses(first), _accesses(second)
+    if acc1 is None or acc2 is None:
+        return False
+    ivs1, ivs2 = list(first.regions[0].blocks[0].arguments)[:k], list(second.regions[0].blocks[0].arguments)[:k]
+    writes1 = {_root(r) for r, _, w in acc1 if w}
+    writes2 = {_root(r) for r, _, w in acc2 if w}
+    touched1, touched2 = {_root(r) for r, _, _ in acc1}, {_root(r) for r, _, _ in acc2}
+    shared = (writes1 & touched2) | (writes2 & touched1)
+    for root in shared:
+        refs = set()
+        for accesses, ivs in ((acc1, ivs1), (acc2, ivs2)):
+            for ref, indices, _ in accesses:
+                if _root(ref) != root:
+                    continue
+                refs.add(ref)
+                if len(indices) < k or any(i != v for i, v in zip(indices[:k], ivs)):
+                    return False
+        if len(refs) > 1:
+            return False
+    return True
+
+
+def _kind(loop: ir.Operation) -> str:
+    if FUSED_ATTR in loop.attributes:
+        return ir.StringAttr(loop.attributes[FUSED_ATTR]).value
+    return "reduction" if any(op.name == "scf.for" for op in walk(loop)) else "loop"
+
+
+def _fused_kind(first: str, second: str) -> str:
+    """reduction then consumer: stitch; producer then reduction: input; otherwise the stronger."""
+    if first in ("reduction", "input", "stitch") and second in ("loop", "stitch"):
+        return "stitch"
+    if "stitch" in (first, second):
+        return "stitch"
+    if second == "reduction" or "input" in (first, second):
+        return "input"
+    return "loop"
+
+
+def _hoist_between(first: ir.Operation, second: ir.Operation) -> bool:
+    """Moves the ops between two loops (allocations, shape arithmetic: nothing that reads or
+    writes buffer contents) above the first; False, moving nothing, if one of them cannot move."""
+    ops = [o.operation for o in first.block.operations]
+    between = ops[ops.index(first) + 1:ops.index(second)]
+    if any(not op.name.startswith(_HOISTABLE) or op.regions for op in between):
+        return False
+    for op in between:
+        op.move_before(first)
+    return True
+
+
+def copies_to_linalg(module: ir.Module) -> None:
+    """Buffer copies bufferization inserts (`memref.copy`, a runtime call) become linalg copies:
+    loops that run on the thread pool and can fuse with their neighbours."""
+    from torch_mlir.dialects import linalg
+
+    for op in walk(module.operation):
+        if op.name == "memref.copy":
+            with ir.InsertionPoint(op), op.location:
+                linalg.copy(op.operands[0], outs=[op.operands[1]])
+            op.erase()
+
+
+def fuse_loops(module: ir.Module) -> int:
+    """Fuses consecutive top-level parallel loops over their common rows; returns the number of
+    fusions made."""
+    fused = 0
+    for func in [op for op in walk(module.operation) if op.name == "func.func"]:
+        # blocks outside parallel loops (fusion erases loops, and the blocks inside them)
+        blocks = [b for op in walk(func) if op.name != "scf.parallel" and not _nested(op) for r in op.regions for b in r.blocks]
+        for block in blocks:
+            current = None
+            for op in [o.operation for o in block.operations]:
+                if op.name != "scf.parallel":
+                    if not op.name.startswith(_HOISTABLE) or op.regions:
+                        current = None  # a barrier (a call, a store, another loop): loops on either side stay apart
+                    continue
+                if op.results or _nested(op):
+                    current = None
+                    continue
+                merged = _try_fuse(current, op) if current is not None else None
+                if merged is not None:
+                    fused += 1
+                current = merged or op
+    return fused
+
+
+def _nested(op: ir.Operation) -> bool:
+    node = op.parent
+    while node is not None:
+        if node.name == "scf.parallel":
+            return True
+        node = node.parent
+    return False
+
+
+def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
+    """The fused loop, or None when the two loops cannot fuse."""
+    b1, b2 = _bounds(first), _bounds(second)
+    k = min(len(b1), len(b2))
+    if any(not all(_same_bound(x, y) for x, y in zip(p, q)) for p, q in zip(b1[:k], b2[:k])):
+        return None
+    if not _row_local(first, second, k) or not _hoist_between(first, second):
+        return None
+    kind = _fused_kind(_kind(first), _kind(second))
+    first = _split(first, k)
+    second = _split(second, k)
+    _move_body(second.regions[0].blocks[0], first.regions[0].blocks[0], list(first.regions[0].blocks[0].arguments))
+    second.erase()
+    first.attributes[FUSED_ATTR] = ir.StringAttr.get(kind)
+    return first
+
+
+def collapse_rows(module: ir.Module) -> None:
+    """Every top-level parallel loop: its leading dims (all of them for a loop whose body is
+    another loop nest; all but the innermost otherwise) become one linear dim."""
+    for op in [o for o in walk(module.operation) if o.name == "scf.parallel" and not o.results and not _nested(o)]:
+        n = _dims(op)
+        body_loops = any(o.name in ("scf.parallel", "scf.for") for o in list(walk(op))[1:])
+        k = n if body_loops else n - 1
+        if k < 2:
+            continue
+        _collapse(_split(op, k))
+
+
+def _collapse(loop: ir.Operation) -> None:
+    bounds = _bounds(loop)
+    with ir.InsertionPoint(loop), loop.location:
+        counts = []
+        for lb, ub, step in bounds:
+            span = _binary("arith.subi", ub, lb)
+            counts.append(ir.Operation.create("arith.ceildivsi", results=[span.type], operands=[span, step]).result)
+        total = counts[0]
+        for c in counts[1:]:
+            total = _binary("arith.muli", total, c)
+        zero, one = _index(0), _index(1)
+        linear, body = _new_loop([(zero, total, one)])
+    old = loop.regions[0].blocks[0]
+    with ir.InsertionPoint.at_block_begin(body), loop.location:
+        rest, ivs = body.arguments[0], []
+        for (lb, _, step), count in reversed(list(zip(bounds, counts))):
+            i = _binary("arith.remsi", rest, count)
+            rest = _binary("arith.divsi", rest, count)
+            ivs.append(_binary("arith.addi", lb, _binary("arith.muli", i, step)))
+    _move_body(old, body, list(reversed(ivs)))
+    for name in loop.attributes:
+        if name != "operandSegmentSizes":
+            linear.attributes[name] = loop.attributes[name]
+    loop.erase()
