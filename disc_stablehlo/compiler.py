@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import os
@@ -76,6 +77,18 @@ class CompiledFunction:
 
     def memory_stats(self) -> dict[str, int]:
         return self._exe.runtime.memory_stats()
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per kernel of this function: calls, how many ran on the thread pool ("pool") and how
+        many inline ("inline": the small-size version chosen from the real sizes), and total
+        seconds; plus the library GEMM entries (counted over the whole process)."""
+        from .runtime import kernel_stats, ral
+
+        out = {k.name: kernel_stats(self._exe.address(k.name)) for k in self.kernels}
+        for name in ("disc_ral_gemm_f32", "disc_ral_gemm_f64"):
+            if f"@{name}(" in self.llvm_ir:
+                out[name] = kernel_stats(ctypes.cast(getattr(ral(), name), ctypes.c_void_p).value)
+        return out
 
 
 def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:

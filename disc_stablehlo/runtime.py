@@ -51,10 +51,23 @@ def ral() -> ctypes.CDLL:
         ("ral_context_message", ctypes.c_char_p, [vp]),
         ("ral_context_take", ctypes.c_int, [vp, vp]),
         ("ral_buffer_free", None, [vp, vp]),
+        ("ral_kernel_stats", None, [vp, ctypes.POINTER(KernelStat)]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     return lib
+
+
+class KernelStat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("calls", "pool_calls", "ns")]
+
+
+def kernel_stats(address: int) -> dict[str, float]:
+    """Calls of a kernel (or library entry) at `address`, those run on the thread pool and those
+    run inline (the small-size version), and their total wall time in seconds."""
+    st = KernelStat()
+    ral().ral_kernel_stats(ctypes.c_void_p(address), ctypes.byref(st))
+    return {"calls": st.calls, "pool": st.pool_calls, "inline": st.calls - st.pool_calls, "seconds": st.ns * 1e-9}
 
 
 class MemoryStats(ctypes.Structure):
@@ -161,6 +174,9 @@ class Executable:
         self.entry = NativeFunction(self.lib, entry, [len(r.shape) for r in signature.results])
         self.assertions = assertions
         self.guard = NativeFunction(self.lib, "disc_guard", [1]) if assertions else None
+
+    def address(self, symbol: str) -> int:
+        return ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.signature.check(arrays)

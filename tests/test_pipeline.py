@@ -84,3 +84,25 @@ def test_vector_math_maps_to_libmvec_within_the_target_width():
     assert _vector_math_calls(call, 256) == (call, False)  # no AVX-512: stays an intrinsic
     atan2 = "call <8 x float> @llvm.atan2.v8f32(<8 x float> %x, <8 x float> %y)"
     assert _vector_math_calls(atan2, 512) == (atan2, False)  # too inaccurate in libmvec
+
+
+def test_stats_count_kernel_versions_and_library_calls():
+    """Per kernel: calls, which version ran (thread pool or inline, chosen from the real sizes)
+    and time; GEMM calls are counted too."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    n, = export.symbolic_shape("n")
+    f = disc.compile(lambda x, w: jnp.tanh(x @ w), jax.ShapeDtypeStruct((n, 64), jnp.float32),
+                     jax.ShapeDtypeStruct((64, 64), jnp.float32))
+    [kernel] = f.kernels
+    w = np.ones((64, 64), np.float32)
+    before = f.stats()
+    f(np.ones((2, 64), np.float32), w)      # 128 elements: inline
+    f(np.ones((4096, 64), np.float32), w)   # 262144 elements: on the pool
+    after = f.stats()
+    delta = {k: after[kernel.name][k] - before[kernel.name][k] for k in ("calls", "pool", "inline")}
+    assert delta == {"calls": 2, "pool": 1, "inline": 1}
+    assert after[kernel.name]["seconds"] > before[kernel.name]["seconds"]
+    assert after["disc_ral_gemm_f32"]["calls"] - before["disc_ral_gemm_f32"]["calls"] == 2

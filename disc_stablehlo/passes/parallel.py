@@ -59,9 +59,12 @@ def _find(captured: list[ir.Value], v: ir.Value) -> int:
     return next(i for i, c in enumerate(captured) if c == v)
 
 
-def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: list[tuple[int, int, int]]) -> str:
-    """The host side: pack the captured values into slots and call the RAL. `bounds` holds,
-    per loop dimension, the captured positions of its lower bound, upper bound and step."""
+Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of lower bound, upper bound, step
+
+
+def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds]) -> str:
+    """The host side: pack the captured values into slots and call the RAL. `bounds` are the
+    loop's, `inner` those of the loops its body runs per iteration (for the work estimate)."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
@@ -80,17 +83,27 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: list[tuple
             lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
             lines.append(f"llvm.store {value}, %p{slot} : {ty}, !llvm.ptr")
             slot += 1
-    # iterations of the first dimension, and an estimate of all scalar iterations
-    work = "%n"
-    for d, (lb, ub, step) in enumerate(bounds):
-        lines.append(f"%span{d} = arith.subi %v{ub}, %v{lb} : index")
-        lines.append(f"%iters{d} = arith.ceildivsi %span{d}, %v{step} : index")
-        if d:
-            lines.append(f"%work{d} = arith.muli {work}, %iters{d} : index")
-            work = f"%work{d}"
-        else:
-            lines.append("%n = arith.maxsi %iters0, %zero : index")
-    lines.insert(0, "%zero = arith.constant 0 : index")
+    # iterations of the first dimension, and an estimate of all scalar iterations: the other
+    # dims times what the body's own loops run per iteration (at least 1)
+    def trips(dims: Bounds, stem: str) -> str:
+        total = "%one"
+        for d, (lb, ub, step) in enumerate(dims):
+            lines.append(f"%{stem}span{d} = arith.subi %v{ub}, %v{lb} : index")
+            lines.append(f"%{stem}iters{d} = arith.ceildivsi %{stem}span{d}, %v{step} : index")
+            lines.append(f"%{stem}pos{d} = arith.maxsi %{stem}iters{d}, %zero : index")
+            lines.append(f"%{stem}trips{d} = arith.muli {total}, %{stem}pos{d} : index")
+            total = f"%{stem}trips{d}"
+        return total
+
+    per_row = "%zero"
+    for i, dims in enumerate(inner):
+        lines.append(f"%row{i} = arith.addi {per_row}, {trips(dims, f'in{i}_')} : index")
+        per_row = f"%row{i}"
+    lines.append(f"%per_row = arith.maxsi {per_row}, %one : index")
+    lines.append(f"%n = arith.maxsi {trips(bounds[:1], 'first_')}, %zero : index")
+    lines.append(f"%work = arith.muli {trips(bounds, 'all_')}, %per_row : index")
+    work = "%work"
+    lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
     params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
     lines += ["%n64 = arith.index_cast %n : index to i64", f"%work64 = arith.index_cast {work} : index to i64",
               f"%fp = func.call @{FNPTR_STEM}{par}() : () -> !llvm.ptr",
@@ -198,6 +211,26 @@ def _describe(name: str, op: ir.Operation) -> Kernel:
     return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops)
 
 
+def _loop_bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+    if loop.name == "scf.for":
+        return [(loop.operands[0], loop.operands[1], loop.operands[2])]
+    n = len(loop.regions[0].blocks[0].arguments)
+    return [(loop.operands[i], loop.operands[n + i], loop.operands[2 * n + i]) for i in range(n)]
+
+
+def _body_loops(op: ir.Operation) -> list[ir.Operation]:
+    """The loops directly in `op`'s body (not inside another loop of it)."""
+    found = []
+    for inner in list(walk(op))[1:]:
+        if inner.name in ("scf.for", "scf.parallel"):
+            node = inner.parent
+            while node is not None and node != op and node.name not in ("scf.for", "scf.parallel"):
+                node = node.parent
+            if node == op:
+                found.append(inner)
+    return found
+
+
 def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     """Outlines every outermost scf.parallel (without reductions) of the module's functions;
     returns what each outlined kernel is."""
@@ -214,13 +247,15 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         bounds = [(_find(captured, op.operands[d]), _find(captured, op.operands[dims + d]), _find(captured, op.operands[2 * dims + d]))
                   for d in range(dims)]
         par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
+        inner = [[(_find(captured, a), _find(captured, b), _find(captured, c)) for a, b, c in _loop_bounds(loop)]
+                 for loop in _body_loops(op) if all(v in captured for bound in _loop_bounds(loop) for v in bound)]
         kernels.append(_describe(par, op))
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
         _move_into_function(op, body, captured, module)
         state.declared.add(body)
         state.add_function(_unpack_text(par, body, captured, bounds[0]))
-        state.add_function(_pack_text(pack, par, captured, bounds))
+        state.add_function(_pack_text(pack, par, captured, bounds, inner))
     return kernels
 
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RAL_ALIGN 64
@@ -407,15 +408,65 @@ void _mlir_memref_to_llvm_free(void *ptr) {
   if (tls_context && ptr && ral_context_take(tls_context, ptr)) ral_buffer_free(tls_context->rt, ptr);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* per-kernel statistics: a process-wide open-addressing table keyed by the kernel's address    */
+
+#define RAL_STATS_SLOTS 4096 /* a power of two */
+
+typedef struct {
+  _Atomic(const void *) key;
+  atomic_llong calls, pool_calls, ns;
+} kernel_stat;
+
+static kernel_stat kernel_stats[RAL_STATS_SLOTS];
+
+static kernel_stat *stat_slot(const void *key, int insert) {
+  uint64_t h = ((uint64_t)(uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i < RAL_STATS_SLOTS; i++) {
+    kernel_stat *s = &kernel_stats[(h + i) & (RAL_STATS_SLOTS - 1)];
+    const void *k = atomic_load_explicit(&s->key, memory_order_acquire);
+    if (k == key) return s;
+    if (k == NULL) {
+      if (!insert) return NULL;
+      const void *expected = NULL;
+      if (atomic_compare_exchange_strong(&s->key, &expected, key) || expected == key) return s;
+    }
+  }
+  return NULL; /* full: the call is not counted */
+}
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void stat_record(const void *key, int pooled, int64_t start_ns) {
+  kernel_stat *s = stat_slot(key, 1);
+  if (!s) return;
+  atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->pool_calls, pooled, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->ns, now_ns() - start_ns, memory_order_relaxed);
+}
+
+void ral_kernel_stats(const void *kernel, ral_kernel_stat *out) {
+  kernel_stat *s = stat_slot(kernel, 0);
+  out->calls = s ? atomic_load(&s->calls) : 0;
+  out->pool_calls = s ? atomic_load(&s->pool_calls) : 0;
+  out->ns = s ? atomic_load(&s->ns) : 0;
+}
+
 /* below this many scalar iterations, waking the pool costs more than it saves */
 #define RAL_PARALLEL_MIN_WORK 16384
 
 void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_t work) {
-  if (!tls_context || work < RAL_PARALLEL_MIN_WORK || n < 2) {
-    body(data, 0, n);
-    return;
-  }
-  ral_parallel_for(tls_context, body, data, 0, n, 1);
+  int64_t start = now_ns();
+  int pooled = tls_context && work >= RAL_PARALLEL_MIN_WORK && n >= 2;
+  if (pooled)
+    ral_parallel_for(tls_context, body, data, 0, n, 1);
+  else
+    body(data, 0, n); /* the small-size version: no thread pool */
+  stat_record((const void *)body, pooled, start);
 }
 
 void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_memref *dst) {
@@ -521,15 +572,18 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
       ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": dims exceed the 32-bit BLAS");     \
       return;                                                                                    \
     }                                                                                            \
+    int64_t start = now_ns();                                                                    \
     int threads = ral_runtime_num_threads(ctx->rt);                                              \
     int64_t blocks = batch >= threads ? 1 : (m + RAL_GEMM_ROWS_MIN - 1) / RAL_GEMM_ROWS_MIN;     \
     if (blocks > threads) blocks = threads;                                                      \
     g.rows_per_task = (m + blocks - 1) / blocks;                                                 \
     g.tasks_per_batch = (m + g.rows_per_task - 1) / g.rows_per_task;                             \
-    if (batch * m * n * k < (1 << 18))                                                           \
-      gemm_tasks(&g, 0, batch * g.tasks_per_batch);                                              \
-    else                                                                                         \
+    int pooled = batch * m * n * k >= (1 << 18);                                                 \
+    if (pooled)                                                                                  \
       ral_parallel_for(ctx, gemm_tasks, &g, 0, batch * g.tasks_per_batch, 1);                   \
+    else                                                                                         \
+      gemm_tasks(&g, 0, batch * g.tasks_per_batch);                                              \
+    stat_record((const void *)NAME, pooled, start);                                              \
   }
 
 DEFINE_GEMM(disc_ral_gemm_f32, float, sgemm, 0)

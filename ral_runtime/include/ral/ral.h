@@ -88,6 +88,14 @@ void _mlir_memref_to_llvm_free(void *ptr);
  * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */
 void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_t work);
 
+/* Statistics of a kernel (a parallel loop body, or a library entry such as disc_ral_gemm_f32)
+ * over the whole process: calls, calls that used the thread pool (the rest ran inline: the
+ * small-size version), and wall time in nanoseconds. Zeros for a kernel never called. */
+typedef struct {
+  int64_t calls, pool_calls, ns;
+} ral_kernel_stat;
+void ral_kernel_stats(const void *kernel, ral_kernel_stat *out);
+
 /* Strided copy between memrefs of any rank, called by MLIR's lowering of memref.copy when a
  * layout is not contiguous. Both arguments are MLIR unranked memrefs {rank, descriptor*}. */
 typedef struct {
