@@ -3,7 +3,7 @@
 
     python3 dev.py demo     # compile an encoder layer once, run it at many shapes
     python3 dev.py test     # the RAL's C tests, then the Python test suite
-    python3 dev.py bench    # benchmarks/: the trace against jax.jit, then peak memory
+    python3 dev.py bench    # benchmarks/: the trace against every peer, fusion microbenchmarks, peak memory
 
 The first call makes .venv and installs the package (building ral_runtime) with its pinned
 dependencies; later calls reuse it and reinstall only when pyproject.toml or ral_runtime change."""
@@ -26,22 +26,22 @@ def run(*cmd: str | Path, **kw) -> None:
     subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def install_stamp() -> str:
-    h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+def install_stamp(extras: str) -> str:
+    h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode())
     for p in sorted((ROOT / "ral_runtime").rglob("*")):
         if p.is_file():
             h.update(p.read_bytes())
     return h.hexdigest()
 
 
-def ensure_env() -> None:
+def ensure_env(extras: str) -> None:
     stamp_file = VENV / ".disc-stamp"
     if not PY.exists():
         run(sys.executable, "-m", "venv", VENV)
-    stamp = install_stamp()
+    stamp = install_stamp(extras)
     if not stamp_file.exists() or stamp_file.read_text() != stamp:
         run(PY, "-m", "pip", "install", "-q", "--upgrade", "pip")
-        run(PY, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]")
+        run(PY, "-m", "pip", "install", "-q", "-e", f"{ROOT}[{extras}]")
         stamp_file.write_text(stamp)
 
 
@@ -62,7 +62,7 @@ def main() -> int:
     if cmd not in ("demo", "test", "bench"):
         print(__doc__)
         return 0 if cmd == "help" else 2
-    ensure_env()
+    ensure_env("test,bench" if cmd == "bench" else "test")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cmd == "demo":
         run(PY, ROOT / "benchmarks" / "demo.py", env=env)
@@ -72,6 +72,7 @@ def main() -> int:
         run(PY, "-m", "pytest", "-q", "-n", "2", *sys.argv[2:], cwd=ROOT, env=env)
     else:
         run(PY, ROOT / "benchmarks" / "encoder_trace.py", *sys.argv[2:], env=env)
+        run(PY, ROOT / "benchmarks" / "fusion_micro.py", env=env)
         run(PY, ROOT / "benchmarks" / "encoder_memory.py", env=env)
     return 0
 

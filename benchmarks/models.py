@@ -63,3 +63,28 @@ def encoder_inputs(batch: int, seq: int, seed: int = 1):
     x = rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32)
     mask = np.where(rng.random((batch, seq)) < 0.1, -1e9, 0.0).astype(np.float32)
     return x, mask
+
+
+def torch_encoder(params):
+    """The same layer in PyTorch over the same weights (for the torch eager / torch.compile peers)."""
+    import torch
+
+    t = {k: torch.from_numpy(v) for k, v in params.items()}
+    dh = HIDDEN // HEADS
+
+    class Encoder(torch.nn.Module):
+        def forward(self, x, mask):
+            b, s, _ = x.shape
+
+            def heads(u):
+                return u.reshape(b, s, HEADS, dh).transpose(1, 2)
+
+            q, k, v = (heads(x @ t[f"w{n}"] + t[f"b{n}"]) for n in "qkv")
+            scores = q @ k.transpose(-1, -2) / float(np.sqrt(dh)) + mask[:, None, None, :]
+            ctx = torch.softmax(scores, dim=-1) @ v
+            attn = ctx.transpose(1, 2).reshape(b, s, HIDDEN) @ t["wo"] + t["bo"]
+            h = torch.nn.functional.layer_norm(x + attn, (HIDDEN,), t["ln1_g"], t["ln1_b"], eps=1e-5)
+            ff = torch.nn.functional.gelu(h @ t["w1"] + t["b1"]) @ t["w2"] + t["b2"]
+            return torch.nn.functional.layer_norm(h + ff, (HIDDEN,), t["ln2_g"], t["ln2_b"], eps=1e-5)
+
+    return Encoder().eval()

@@ -271,3 +271,103 @@ def _collapse(loop: ir.Operation) -> None:
         if name != "operandSegmentSizes":
             linear.attributes[name] = loop.attributes[name]
     loop.erase()
+
+
+_REDUCERS = ("arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
+
+
+def accumulate_in_registers(module: ir.Module) -> int:
+    """A sequential loop that loads an accumulator from a buffer at loop-invariant indices and
+    stores it back every iteration (linalg reductions lowered to loops) carries it as a loop
+    value instead: one load before the loop, one store after. Float accumulations may then be
+    reassociated, which lets LLVM vectorise the loop. Only accumulators in buffers of their own
+    (no other access in the loop may alias them). Returns how many loops changed."""
+    changed = 0
+    for loop in [op for op in walk(module.operation) if op.name == "scf.for"]:
+        while (pair := _accumulator(loop)) is not None:
+            loop = _carry(loop, *pair)
+            changed += 1
+    return changed
+
+
+def _invariant(v: ir.Value, loop: ir.Operation) -> bool:
+    owner = v.owner.owner if isinstance(v.owner, ir.Block) else operation(v.owner)
+    while owner is not None:
+        if owner == loop:
+            return False
+        owner = owner.parent
+    return True
+
+
+def _accumulator(loop: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
+    """A (load, store) pair of the loop's body: same buffer and loop-invariant indices, the only
+    accesses to that buffer's storage anywhere in the loop."""
+    body = loop.regions[0].blocks[0]
+    accesses = _accesses(loop)
+    if accesses is None:
+        return None
+    top = [o.operation for o in body.operations]
+    for load in top:
+        if load.name != "memref.load":
+            continue
+        ref, indices = load.operands[0], list(load.operands)[1:]
+        root = _root(ref)
+        if isinstance(root.owner, ir.Block) or operation(root.owner).name not in ("memref.alloc", "memref.alloca"):
+            continue
+        if not all(_invariant(i, loop) for i in indices) or sum(1 for r, _, _ in accesses if _root(r) == root) != 2:
+            continue
+        stores = [s for s in top if s.name == "memref.store" and s.operands[1] == ref and list(s.operands)[2:] == indices]
+        if len(stores) == 1 and top.index(load) < top.index(stores[0]):
+            return load, stores[0]
+    return None
+
+
+def _carry(loop: ir.Operation, load: ir.Operation, store: ir.Operation) -> ir.Operation:
+    ref, indices = load.operands[0], list(load.operands)[1:]
+    value_type = load.result.type
+    with ir.InsertionPoint(loop), loop.location:
+        init = ir.Operation.create("memref.load", results=[value_type], operands=[ref, *indices]).result
+        carried = list(loop.results)
+        new = ir.Operation.create("scf.for", results=[r.type for r in carried] + [value_type],
+                                  operands=list(loop.operands) + [init], regions=1)
+    old_body = loop.regions[0].blocks[0]
+    body = new.regions[0].blocks.append(*[a.type for a in old_body.arguments], value_type)
+    acc = body.arguments[len(old_body.arguments)]
+    for old, arg in zip(old_body.arguments, body.arguments):
+        old.replace_all_uses_with(arg)
+    load.result.replace_all_uses_with(acc)
+    stored = store.operands[0]
+    old_yield = list(old_body.operations)[-1]
+    yielded = list(old_yield.operands) + [stored]
+    load.erase()
+    store.erase()
+    for op in list(old_body.operations)[:-1]:
+        body.append(op.operation)
+    with ir.InsertionPoint(body), loop.location:
+        ir.Operation.create("scf.yield", operands=yielded)
+    if not isinstance(stored.owner, ir.Block) and operation(stored.owner).name in _REDUCERS:
+        operation(stored.owner).attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
+    for old_result, new_result in zip(loop.results, new.results):
+        old_result.replace_all_uses_with(new_result)
+    loop.erase()
+    with ir.InsertionPoint.after(new), new.location:
+        ir.Operation.create("memref.store", operands=[new.results[len(new.results) - 1], ref, *indices])
+    return new
+
+
+def hoist_invariant_loads(module: ir.Module) -> int:
+    """Loads at loop-invariant indices from a buffer the loop never writes (no write in it to the
+    same storage) move before the loop: LLVM cannot prove that on its own for memref pointers,
+    and a load it must repeat every iteration keeps the loop from vectorising. Returns the count."""
+    hoisted = 0
+    for loop in [op for op in walk(module.operation) if op.name in ("scf.for", "scf.parallel") and _nested(op)]:
+        accesses = _accesses(loop)
+        if accesses is None:
+            continue
+        written = {_root(r) for r, _, w in accesses if w}
+        for load in [o.operation for o in loop.regions[0].blocks[0].operations]:
+            if (load.name == "memref.load" and _root(load.operands[0]) not in written
+                    and all(_invariant(v, loop) for v in load.operands)):
+                load.move_before(loop)
+                hoisted += 1
+    return hoisted

@@ -1,0 +1,93 @@
+"""Fusion microbenchmarks: softmax, layer norm and a GELU chain, each compiled once with dynamic
+dims by disc_stablehlo and run at several shapes next to jax.jit; throughput in GB/s (each input
+read once and the output written once: what a fully fused kernel must move) against this
+machine's measured memory bandwidth. Then the encoder layer at (16, 256) in GFLOP/s against the
+BLAS's measured SGEMM rate.
+
+    python3 benchmarks/fusion_micro.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import export  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import disc_stablehlo as disc  # noqa: E402
+from models import FFN, HEADS, HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
+
+SHAPES = [(64, 256), (1024, 1024), (4096, 4096)]
+
+
+def softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+def layer_norm(x):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5)
+
+
+def gelu_chain(x):
+    return jax.nn.gelu(x * 1.5 + 0.1, approximate=False) * 0.5
+
+
+def scale(x):  # one read, one write: the bandwidth reference
+    return x * 2.0
+
+
+def best_time(fn, *args, reps: int = 15) -> float:
+    np.asarray(fn(*args))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.asarray(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    r, c = export.symbolic_shape("r, c")
+    spec = jax.ShapeDtypeStruct((r, c), jnp.float32)
+    big = np.random.default_rng(0).standard_normal((8192, 4096)).astype(np.float32)  # 128 MiB
+    compiled_scale = disc.compile(scale, spec)
+    bandwidth = 2 * big.nbytes / best_time(compiled_scale, big, reps=5) / 1e9
+    print(f"memory bandwidth (x * 2 over 128 MiB, read + write, disc_stablehlo): {bandwidth:.1f} GB/s\n")
+    print(f"{'op':<12} {'shape':>12} {'disc GB/s':>10} {'jax GB/s':>10} {'disc % of bw':>13} {'disc kernels':>13}")
+    for name, fn in [("softmax", softmax), ("layer_norm", layer_norm), ("gelu_chain", gelu_chain)]:
+        compiled = disc.compile(fn, spec)
+        jitted = jax.jit(fn)
+        for shape in SHAPES:
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            moved = 2 * x.nbytes / 1e9
+            gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, x)
+            print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")
+
+    n, = export.symbolic_shape("n")
+    a = np.random.default_rng(2).standard_normal((4096, 1024)).astype(np.float32)
+    w = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32)
+    gemm = disc.compile(lambda x, y: x @ y, jax.ShapeDtypeStruct((n, 1024), jnp.float32), jax.ShapeDtypeStruct((1024, 1024), jnp.float32))
+    sgemm = 2 * 4096 * 1024 * 1024 / best_time(gemm, a, w, reps=5) / 1e9
+    params = encoder_params()
+    layer = disc.compile(encoder_layer, *encoder_specs(params))
+    b, s = 16, 256
+    tokens = b * s
+    flops = 2 * tokens * HIDDEN * HIDDEN * 4 + 2 * tokens * HIDDEN * FFN * 2 + 2 * 2 * b * HEADS * s * s * (HIDDEN // HEADS)
+    x, mask = encoder_inputs(b, s)
+    rate = flops / best_time(layer, x, mask, params, reps=5) / 1e9
+    print(f"\nSGEMM 4096x1024x1024 through the RAL: {sgemm:.0f} GFLOP/s")
+    print(f"encoder layer at (16, 256): {flops / 1e9:.2f} GFLOP, {rate:.0f} GFLOP/s = {rate / sgemm:.0%} of the SGEMM rate")
+
+
+if __name__ == "__main__":
+    main()

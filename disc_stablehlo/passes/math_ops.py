@@ -1,0 +1,48 @@
+"""Scalar math the vector libraries handle slowly.
+
+`exp` of f32 below about -87 (results that are denormal or zero, e.g. softmax over masked
+scores at -1e9) sends a whole vector of glibc's libmvec `expf` to its scalar fallback. Such
+inputs are shifted up by 64 and the result scaled by exp(-64) instead (IEEE multiplication
+rounds into the denormal range as exp would), so every lane stays on the vector path."""
+
+from __future__ import annotations
+
+import math
+
+from torch_mlir import ir
+
+from ..mlir_support import walk
+
+_LOW = -80.0       # below this, the shifted path
+_SHIFT = 64.0
+_FLOOR = -87.0     # shifted inputs stay above libmvec's range limit (results there are 0 anyway)
+
+
+def _const(value: float, t: ir.Type) -> ir.Value:
+    return ir.Operation.create("arith.constant", results=[t], attributes={"value": ir.FloatAttr.get(t, value)}).result
+
+
+def _op(name: str, operands: list[ir.Value], t: ir.Type, **attrs) -> ir.Value:
+    return ir.Operation.create(name, results=[t], operands=operands, attributes=attrs).result
+
+
+def keep_exp_vectorised(module: ir.Module) -> int:
+    """Rewrites every scalar f32 `math.exp`; returns how many."""
+    f32 = ir.F32Type.get()
+    count = 0
+    for op in walk(module.operation):
+        if op.name != "math.exp" or op.result.type != f32:
+            continue
+        x = op.operands[0]
+        with ir.InsertionPoint(op), op.location:
+            low = _op("arith.cmpf", [x, _const(_LOW, f32)], ir.IntegerType.get_signless(1),
+                      predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4))  # olt
+            shifted = _op("arith.maximumf", [_op("arith.addf", [x, _const(_SHIFT, f32)], f32), _const(_FLOOR, f32)], f32)
+            y = _op("arith.select", [low, shifted, x], f32)
+            e = _op("math.exp", [y], f32)
+            scaled = _op("arith.mulf", [e, _const(math.exp(-_SHIFT), f32)], f32)
+            result = _op("arith.select", [low, scaled, e], f32)
+        op.result.replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
