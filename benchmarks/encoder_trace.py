@@ -19,6 +19,7 @@ import sys
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's own BLAS threads would spin next to the peers'
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # torch.compile compiles here, as the others do
 
 import numpy as np  # noqa: E402
 
@@ -142,7 +143,7 @@ def steady(calls: dict, reps: int) -> dict:
     for _ in range(reps):
         for s in STEADY_SHAPES:  # round-robin over shapes and peers
             for name, call in calls.items():
-                time.sleep(0.05)  # lets the previous peer's spinning worker threads go idle
+                time.sleep(0.2)  # lets the previous peer's spinning worker threads go idle
                 t = time.perf_counter()
                 call(*inputs[s])
                 times[(name, s)].append(time.perf_counter() - t)

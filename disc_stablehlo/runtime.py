@@ -11,7 +11,7 @@ import sysconfig
 import threading
 import weakref
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -118,16 +118,6 @@ def descriptor_type(rank: int) -> type[ctypes.Structure]:
     return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
 
 
-def _descriptor(arr: np.ndarray) -> ctypes.Structure:
-    d = descriptor_type(arr.ndim)()
-    d.allocated = d.aligned = arr.ctypes.data
-    d.offset = 0
-    if arr.ndim:
-        d.sizes[:] = arr.shape
-        d.strides[:] = [s // arr.itemsize for s in arr.strides]
-    return d
-
-
 def _results_type(ranks: Sequence[int]) -> type[ctypes.Structure]:
     return type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", descriptor_type(r)) for i, r in enumerate(ranks)]})
 
@@ -140,11 +130,26 @@ class NativeFunction:
         self.fn.restype = None
         self.results_type = _results_type(result_ranks)
 
-    def __call__(self, args: Sequence[np.ndarray]) -> ctypes.Structure:
+    def __call__(self, args: Sequence[Any]) -> ctypes.Structure:
+        """`args`: pointers to the arguments' descriptors (`descriptors`)."""
         results = self.results_type()
-        descs = [_descriptor(a) for a in args]
-        self.fn(ctypes.byref(results), *[ctypes.byref(d) for d in descs])
+        self.fn(ctypes.byref(results), *args)
         return results
+
+
+def descriptors(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, list[ctypes.c_void_p]]:
+    """The arrays' memref descriptors laid out in one int64 buffer (allocated and aligned
+    pointer, offset 0, sizes, strides in elements), and a pointer to each; the pointers are
+    valid while the buffer lives. (One numpy buffer: building ctypes structures per argument
+    costs several microseconds each.)"""
+    words, starts = [], []
+    for a in arrays:
+        starts.append(len(words))
+        address = a.__array_interface__["data"][0]
+        words += [address, address, 0, *a.shape, *(s // a.itemsize for s in a.strides)]
+    buffer = np.array(words, dtype=np.int64)
+    base = buffer.__array_interface__["data"][0]
+    return buffer, [ctypes.c_void_p(base + 8 * i) for i in starts]
 
 
 def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: ctypes.Structure, dtype: np.dtype, rank: int) -> np.ndarray:
@@ -186,9 +191,10 @@ class Executable:
             raise RuntimeFailure("cannot create a runtime context")
         previous = lib.ral_context_enter(ctx)
         try:
+            _keep, args = descriptors(arrays)
             if self.guard is not None:
-                self._check_guard(ctx, self.guard(arrays).r0)
-            results = self.entry(arrays)
+                self._check_guard(ctx, self.guard(args).r0)
+            results = self.entry(args)
             self._check_status(ctx)
             return [_wrap(self.runtime, ctx, getattr(results, f"r{i}"), spec.dtype, len(spec.shape))
                     for i, spec in enumerate(self.signature.results)]
