@@ -518,33 +518,58 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
   return 0;
 }
 
-/* One GEMM split into row blocks of every batch entry, run on the pool. */
+/* One GEMM split into blocks of rows (or, for few rows, of columns) of every batch entry, run
+ * on the pool. */
 typedef struct {
   ral_runtime *rt;
   int is_double;
-  int64_t m, n, k, lda, ldb, sa_b, sb_b, rows_per_task, tasks_per_batch;
+  int64_t m, n, k, lda, ldb, sa_b, sb_b, rows_per_task, row_tasks, cols_per_task, col_tasks;
   int ta, tb;
   const void *a, *b;
   void *c;
 } gemm_job;
 
-#define RAL_GEMM_ROWS_MIN 32  /* rows per task: below this, BLAS kernels lose efficiency */
+#define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
+#define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
 
 static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   const gemm_job *g = data;
+  int64_t per_batch = g->row_tasks * g->col_tasks;
   for (int64_t t = lo; t < hi; t++) {
-    int64_t batch = t / g->tasks_per_batch, row0 = (t % g->tasks_per_batch) * g->rows_per_task;
+    int64_t batch = t / per_batch, block = t % per_batch;
+    int64_t row0 = (block / g->col_tasks) * g->rows_per_task, col0 = (block % g->col_tasks) * g->cols_per_task;
     int64_t rows = g->m - row0 < g->rows_per_task ? g->m - row0 : g->rows_per_task;
-    /* row block of op(A): rows advance by lda when A is not transposed, by 1 when it is */
+    int64_t cols = g->n - col0 < g->cols_per_task ? g->n - col0 : g->cols_per_task;
+    /* block of op(A): rows advance by lda when A is not transposed, by 1 when it is; columns of
+     * op(B) advance by 1 when B is not transposed, by ldb when it is */
     int64_t a_off = batch * g->sa_b + row0 * (g->ta == NO_TRANS ? g->lda : 1);
-    int64_t c_off = (batch * g->m + row0) * g->n;
+    int64_t b_off = batch * g->sb_b + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
+    int64_t c_off = (batch * g->m + row0) * g->n + col0;
     if (g->is_double)
-      g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)g->n, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
-                   (const double *)g->b + batch * g->sb_b, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->n);
+      g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
+                   (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->n);
     else
-      g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)g->n, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
-                   (const float *)g->b + batch * g->sb_b, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->n);
+      g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
+                   (const float *)g->b + b_off, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->n);
   }
+}
+
+/* Blocks for `threads` workers: whole batch entries when there are enough, else row blocks,
+ * else (few rows) column blocks. */
+static void gemm_split(gemm_job *g, int64_t batch, int threads) {
+  int64_t row_blocks = 1, col_blocks = 1;
+  if (batch < threads) {
+    row_blocks = (g->m + RAL_GEMM_ROWS_MIN - 1) / RAL_GEMM_ROWS_MIN;
+    if (row_blocks > threads) row_blocks = threads;
+    if (row_blocks < threads) {
+      col_blocks = (g->n + RAL_GEMM_COLS_MIN - 1) / RAL_GEMM_COLS_MIN;
+      if (col_blocks > threads / row_blocks) col_blocks = threads / row_blocks;
+    }
+  }
+  g->rows_per_task = (g->m + row_blocks - 1) / row_blocks;
+  g->row_tasks = (g->m + g->rows_per_task - 1) / g->rows_per_task;
+  g->cols_per_task = (g->n + col_blocks - 1) / col_blocks;
+  g->col_tasks = (g->n + g->cols_per_task - 1) / g->cols_per_task;
 }
 
 #define DEFINE_GEMM(NAME, T, FIELD, IS_DOUBLE)                                                   \
@@ -573,16 +598,13 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
       return;                                                                                    \
     }                                                                                            \
     int64_t start = now_ns();                                                                    \
-    int threads = ral_runtime_num_threads(ctx->rt);                                              \
-    int64_t blocks = batch >= threads ? 1 : (m + RAL_GEMM_ROWS_MIN - 1) / RAL_GEMM_ROWS_MIN;     \
-    if (blocks > threads) blocks = threads;                                                      \
-    g.rows_per_task = (m + blocks - 1) / blocks;                                                 \
-    g.tasks_per_batch = (m + g.rows_per_task - 1) / g.rows_per_task;                             \
-    int pooled = batch * m * n * k >= (1 << 18);                                                 \
+    gemm_split(&g, batch, ral_runtime_num_threads(ctx->rt));                                    \
+    int64_t tasks = batch * g.row_tasks * g.col_tasks;                                           \
+    int pooled = batch * m * n * k >= (1 << 18) && tasks > 1;                                    \
     if (pooled)                                                                                  \
-      ral_parallel_for(ctx, gemm_tasks, &g, 0, batch * g.tasks_per_batch, 1);                   \
+      ral_parallel_for(ctx, gemm_tasks, &g, 0, tasks, 1);                                        \
     else                                                                                         \
-      gemm_tasks(&g, 0, batch * g.tasks_per_batch);                                              \
+      gemm_tasks(&g, 0, tasks);                                                                  \
     stat_record((const void *)NAME, pooled, start);                                              \
   }
 

@@ -163,6 +163,25 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     free(bb);
     free(cc);
   }
+  if (have_blas) {
+    /* few rows: split into column blocks over the pool; B given transposed */
+    enum { M2 = 8, N2 = 300, K2 = 128 };
+    float *a2 = malloc(sizeof(float) * M2 * K2), *bt2 = malloc(sizeof(float) * N2 * K2), *c2 = malloc(sizeof(float) * M2 * N2);
+    for (int i = 0; i < M2 * K2; i++) a2[i] = (float)((i * 5) % 9) - 4;
+    for (int i = 0; i < N2 * K2; i++) bt2[i] = (float)((i * 3) % 7) - 3;
+    disc_ral_gemm_f32(1, M2, N2, K2, a2, 0, K2, 1, bt2, 0, 1, K2, c2); /* B[k][j] = bt2[j * K2 + k] */
+    int ok = ral_context_status(ctx) == RAL_OK;
+    for (int i = 0; i < M2 && ok; i++)
+      for (int j = 0; j < N2; j++) {
+        float ref = 0;
+        for (int k = 0; k < K2; k++) ref += a2[i * K2 + k] * bt2[j * K2 + k];
+        ok &= c2[i * N2 + j] == ref;
+      }
+    CHECK(ok);
+    free(a2);
+    free(bt2);
+    free(c2);
+  }
   ral_context_enter(prev);
   ral_context_destroy(ctx);
 }
