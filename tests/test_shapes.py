@@ -96,6 +96,23 @@ def test_unproven_broadcast_is_checked_at_run_time():
     np.testing.assert_allclose(f(x, y1), x + y1, rtol=1e-6)  # expands at run time
 
 
+def test_unproven_broadcast_is_speculated_broadcast_free():
+    """Two versions of the loop; host code picks the broadcast-free one when no dim of y is 1
+    (statistics say which ran), the general one otherwise; both are right."""
+    f = disc.compile(BROADCAST)
+    versions = {k.version: k.name for k in f.kernels}
+    assert set(versions) == {"broadcast-free", "general"}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    for y, ran in [(rng.standard_normal((3, 4)), "broadcast-free"), (rng.standard_normal((1, 4)), "general"),
+                   (rng.standard_normal((3, 1)), "general")]:
+        before = f.stats()
+        np.testing.assert_allclose(f(x, y.astype(np.float32)), x + y.astype(np.float32), rtol=1e-6)
+        after = f.stats()
+        calls = {v: after[name]["calls"] - before[name]["calls"] for v, name in versions.items()}
+        assert calls == {ran: 1, ({"broadcast-free", "general"} - {ran}).pop(): 0}
+
+
 def test_constraint_proves_broadcast_and_is_guarded():
     f = disc.compile(BROADCAST, constraints=["arg0.0 == arg1.0", "arg0.1 == arg1.1"])
     report = f.shape_report()

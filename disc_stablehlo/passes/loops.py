@@ -371,3 +371,57 @@ def hoist_invariant_loads(module: ir.Module) -> int:
                 load.move_before(loop)
                 hoisted += 1
     return hoisted
+
+
+VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
+
+
+def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
+    """The run-time broadcast checks a loop's indexing depends on: conditions `d == 1` computed
+    outside the loop that select an index (0 when the dim expands)."""
+    found: list[ir.Value] = []
+    for op in list(walk(loop))[1:]:
+        if op.name != "arith.select" or not isinstance(op.result.type, ir.IndexType):
+            continue
+        cond = op.operands[0]
+        if isinstance(cond.owner, ir.Block) or not _invariant(cond, loop):
+            continue
+        check = operation(cond.owner)
+        if check.name == "arith.cmpi" and ir.IntegerAttr(check.attributes["predicate"]).value == 0 \
+                and _constant(check.operands[1]) == 1 and cond not in found:
+            found.append(cond)
+    return found
+
+
+def version_broadcasts(module: ir.Module) -> int:
+    """Speculation: a loop whose indexing checks at run time whether broadcast dims expand (the
+    broadcasts the shape analysis could not prove) is generated twice, and host code picks the
+    version from the real sizes: when no dim expands, a broadcast-free version with plain
+    indexing (no per-element select, vectorisable); otherwise the general one. Each version is
+    its own kernel, so the statistics say which ran. Returns the number of loops versioned."""
+    versioned = 0
+    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _nested(op)]:
+        checks = _expansion_checks(loop)
+        if not checks:
+            continue
+        i1 = ir.IntegerType.get_signless(1)
+        with ir.InsertionPoint(loop), loop.location:
+            false = ir.Operation.create("arith.constant", results=[i1], attributes={"value": ir.BoolAttr.get(False)}).result
+            expands = checks[0]
+            for c in checks[1:]:
+                expands = _binary("arith.ori", expands, c)
+            branch = ir.Operation.create("scf.if", operands=[expands], regions=2)
+        general, fast = (branch.regions[i].blocks.append() for i in range(2))
+        for block in (general, fast):
+            with ir.InsertionPoint(block), loop.location:
+                ir.Operation.create("scf.yield")
+        copy = loop.clone(ir.InsertionPoint(list(fast.operations)[0]))
+        loop.move_before(list(general.operations)[0])
+        for inner in walk(copy):
+            for i, v in enumerate(inner.operands):
+                if v in checks:
+                    inner.operands[i] = false
+        loop.attributes[VERSION_ATTR] = ir.StringAttr.get("general")
+        copy.attributes[VERSION_ATTR] = ir.StringAttr.get("broadcast-free")
+        versioned += 1
+    return versioned

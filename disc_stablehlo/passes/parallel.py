@@ -14,7 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..mlir_support import is_inside, new_private_function, operation, walk
-from .loops import FUSED_ATTR
+from .loops import FUSED_ATTR, VERSION_ATTR
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
@@ -191,9 +191,11 @@ class Kernel:
                            # "fill" (stores a value, computes nothing)
     parallel_dims: int     # the first one is split over the RAL thread pool
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
+    version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.kind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}"
+        version = f" ({self.version} version)" if self.version else ""
+        return f"{self.name}: {self.kind}{version}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}"
 
 
 def _describe(name: str, op: ir.Operation) -> Kernel:
@@ -208,7 +210,8 @@ def _describe(name: str, op: ir.Operation) -> Kernel:
         kind = "elementwise"
     else:
         kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
-    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops)
+    version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
+    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version)
 
 
 def _loop_bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:

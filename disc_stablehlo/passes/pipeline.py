@@ -19,7 +19,8 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import unify_argument_dims
 from .fusion import forward_uniform_operands
-from .loops import accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads
+from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
+                    version_broadcasts)
 from .lower import lower_module
 from .math_ops import keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
@@ -118,6 +119,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         accumulate_in_registers(module)
         hoist_invariant_loads(module)
         keep_exp_vectorised(module)
+        version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
         if buffer_reuse:
