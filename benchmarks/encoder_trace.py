@@ -160,26 +160,32 @@ def xla_kernel_count(params) -> int:
     return sum(1 for line in entry.splitlines()[1:] if "=" in line and not any(k in line for k in skip))
 
 
-def plot(results: dict, rows: dict, path: str) -> None:
+def plot(data: dict, path: str) -> None:
+    """The plot of a results.json: end-to-end trace time and steady-state latency per peer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = list(results)
-    a.barh(names, [results[n]["total_s"] for n in names], color="tab:blue")
-    a.set_xscale("log")
-    a.set_xlabel("end-to-end trace time, s (log; every compilation included)")
+    names = list(data["trace"])
+    totals = [data["trace"][n]["total_s"] for n in names]
+    a.barh(names, totals, color="tab:blue")
+    for i, t in enumerate(totals):
+        a.text(t, i, f" {t:.1f} s", va="center")
+    a.set_xlim(0, max(totals) * 1.15)
+    a.set_xlabel("end-to-end trace time, s (150 requests, every compilation included)")
     a.invert_yaxis()
+    shapes = list(next(iter(data["steady_ms"].values())))
     width = 0.8 / len(names)
     for i, n in enumerate(names):
-        b.bar([j + i * width for j in range(len(STEADY_SHAPES))], [rows[n][s] * 1e3 for s in STEADY_SHAPES], width, label=n)
-    b.set_xticks([j + 0.4 - width / 2 for j in range(len(STEADY_SHAPES))], [f"batch {s[0]}, seq {s[1]}" for s in STEADY_SHAPES])
+        b.bar([j + i * width for j in range(len(shapes))], [data["steady_ms"][n][s] for s in shapes], width, label=n)
+    b.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes)
+    b.set_xlabel("(batch, seq)")
     b.set_yscale("log")
     b.set_ylabel("steady-state latency, ms (log)")
     b.legend(fontsize=8)
-    fig.suptitle("BERT-like encoder layer (hidden 256, 4 heads, FFN 1024), 2 threads")
+    fig.suptitle("BERT-like encoder layer (hidden 256, 4 heads, FFN 1024), 2 threads per peer")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -227,11 +233,12 @@ def main() -> None:
         gemms = f.llvm_ir.count("call void @disc_ral_gemm_f32")
         print(f"\nkernels: disc_stablehlo {len(f.kernels)} loop kernels ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
               f"+ {gemms} GEMM calls; XLA {xla_kernel_count(params)} ops in its optimised entry computation")
+    data = {"trace": {n: {k: r[k] for k in ("total_s", "first_s", "compiles", "max_diff")} for n, r in results.items()},
+            "steady_ms": {n: {str(s): v * 1e3 for s, v in row.items()} for n, row in rows.items()}}
     with open(os.path.join(HERE, "results.json"), "w") as fh:
-        json.dump({"trace": {n: {k: r[k] for k in ("total_s", "first_s", "compiles", "max_diff")} for n, r in results.items()},
-                   "steady_ms": {n: {str(s): v * 1e3 for s, v in row.items()} for n, row in rows.items()}}, fh, indent=1)
+        json.dump(data, fh, indent=1)
     try:
-        plot(results, rows, os.path.join(HERE, "results.png"))
+        plot(data, os.path.join(HERE, "results.png"))
         print(f"\nwrote {os.path.join(HERE, 'results.png')}")
     except ImportError:
         print("\n(matplotlib not installed: no plot)")
