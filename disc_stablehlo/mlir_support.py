@@ -132,6 +132,29 @@ def operation(x) -> ir.Operation:
     return x.operation if hasattr(x, "operation") else x
 
 
+def index_constant(value: int) -> ir.Value:
+    """An `arith.constant` of index type at the current insertion point."""
+    return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
+                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
+
+
+def defined_outside(v: ir.Value, op: ir.Operation) -> bool:
+    """Whether `v` is defined outside `op` (neither by an op nor a block argument inside it)."""
+    owner = v.owner
+    node = owner.owner if isinstance(owner, ir.Block) else owner
+    return not is_inside(operation(node) if node is not None else None, op)
+
+
+def nested_in(op: ir.Operation, name: str) -> bool:
+    """Whether an ancestor of `op` is an op named `name`."""
+    node = op.parent
+    while node is not None:
+        if node.name == name:
+            return True
+        node = node.parent
+    return False
+
+
 def is_inside(op: ir.Operation | None, ancestor: ir.Operation) -> bool:
     """Whether `op` is `ancestor` or nested in it."""
     while op is not None:

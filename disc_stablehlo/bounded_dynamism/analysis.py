@@ -19,7 +19,7 @@ from typing import Callable
 
 from torch_mlir import ir
 
-from ..mlir_support import int_list, location_text
+from ..mlir_support import index_constant, int_list, location_text
 from ..ops import ELEMENTWISE
 from .signature import Signature
 from .symbolic import Dim
@@ -535,10 +535,7 @@ def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
             if _is_var(c):
                 var_dim.setdefault(str(c), (arg, i))
     index = ir.IndexType.get()
-
-    def const(v: int) -> ir.Value:
-        return ir.Operation.create("arith.constant", results=[index], attributes={"value": ir.IntegerAttr.get(index, v)}).result
-
+    const = index_constant
     def build(d: Dim) -> ir.Value | None:
         total = None
         for mono, coeff in sorted(d.terms.items()):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import operation, walk
+from ..mlir_support import index_constant, operation, walk
 
 ARENA_ALIGNMENT = 64
 ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
@@ -137,12 +137,6 @@ def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:
     return static, tuple(sorted(dynamic_sizes, key=hash))
 
 
-def _index_op(name: str, operands: list[ir.Value] = (), value: int | None = None) -> ir.Value:
-    index = ir.IndexType.get()
-    attrs = {} if value is None else {"value": ir.IntegerAttr.get(index, value)}
-    return ir.Operation.create(name, results=[index], operands=list(operands), attributes=attrs).result
-
-
 def _storage(buffer: ir.Value) -> ir.Value:
     """The 1-D byte buffer behind `buffer`; a typed allocation is turned into bytes + a view."""
     op = operation(buffer.owner)
@@ -150,23 +144,30 @@ def _storage(buffer: ir.Value) -> ir.Value:
         return op.operands[0]
     key = _size_key(buffer.type, list(op.operands))
     with ir.InsertionPoint(op), op.location:
-        nbytes = _index_op("arith.constant", value=key[0])
+        nbytes = index_constant(key[0])
         for d in op.operands:
-            nbytes = _index_op("arith.muli", [nbytes, d])
-        storage = ir.Operation.create(
-            "memref.alloc", results=[ir.MemRefType.get([ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))],
-            operands=[nbytes], attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ARENA_ALIGNMENT),
-                                           "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 0])}).result
+            nbytes = ir.Operation.create("arith.muli", results=[nbytes.type], operands=[nbytes, d]).result
+        storage = _bytes(nbytes)
     view = _view(storage, op)
     buffer.replace_all_uses_with(view)
     op.erase()
     return storage
 
 
+def _bytes(size: int | ir.Value) -> ir.Value:
+    """A new 64-byte aligned byte buffer of `size` bytes (a constant, or an index value)."""
+    static = isinstance(size, int)
+    t = ir.MemRefType.get([size if static else ir.ShapedType.get_dynamic_size()], ir.IntegerType.get_signless(8))
+    operands = [] if static else [size]
+    return ir.Operation.create("memref.alloc", results=[t], operands=operands, attributes={
+        "alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ARENA_ALIGNMENT),
+        "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(operands), 0])}).result
+
+
 def _view(storage: ir.Value, alloc: ir.Operation) -> ir.Value:
     """`alloc`'s buffer as a view at the start of `storage` (inserted before `alloc`)."""
     with ir.InsertionPoint(alloc), alloc.location:
-        zero = _index_op("arith.constant", value=0)
+        zero = index_constant(0)
         return ir.Operation.create("memref.view", results=[alloc.result.type],
                                    operands=[storage, zero, *alloc.operands]).result
 
@@ -259,16 +260,11 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
     if not placed:
         return 0, 0
     total = max(p[2] + p[3] for p in placed)
-    index = ir.IndexType.get()
     with ir.InsertionPoint.at_block_begin(block), entry.location:
-        arena_type = ir.MemRefType.get([total], ir.IntegerType.get_signless(8))
-        arena = ir.Operation.create("memref.alloc", results=[arena_type], operands=[],
-                                    attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ARENA_ALIGNMENT),
-                                                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([0, 0])}).result
+        arena = _bytes(total)
     for _, _, offset, _, alloc, dealloc in placed:
         with ir.InsertionPoint(alloc), alloc.location:
-            shift = ir.Operation.create("arith.constant", results=[index],
-                                        attributes={"value": ir.IntegerAttr.get(index, offset)}).result
+            shift = index_constant(offset)
             view = ir.Operation.create("memref.view", results=[alloc.result.type],
                                        operands=[arena, shift, *alloc.operands])
         alloc.result.replace_all_uses_with(view.result)

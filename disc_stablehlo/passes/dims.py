@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import walk
+from ..mlir_support import index_constant, walk
 
 
 def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
@@ -34,19 +34,16 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
         d = canon[a][i]
         with ir.InsertionPoint(op), op.location:
             if d.constant is not None:
-                new = ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
-                                          attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), d.constant)})
+                new = index_constant(d.constant)
             elif first[str(d)] != (a, i):
                 ra, ri = first[str(d)]
-                ri_value = ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
-                                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), ri)})
                 new = ir.Operation.create("tensor.dim", results=[ir.IndexType.get()],
-                                          operands=[block.arguments[ra], ri_value.result])
+                                          operands=[block.arguments[ra], index_constant(ri)]).result
             else:
                 continue
         what = f"constant {d.constant}" if d.constant is not None else f"{shapes.args[ra][0]} dim {ri}"
         shapes.uses.append(f"{shapes.args[a][0]} dim {i} ({d}) read as {what}")
-        op.result.replace_all_uses_with(new.result)
+        op.result.replace_all_uses_with(new)
         op.erase()
         replaced += 1
     return replaced

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import operation, walk
+from ..mlir_support import defined_outside, index_constant, nested_in, operation, walk
 
 # ops between two loops that may move above the first one (their operands permitting)
 _HOISTABLE = ("arith.", "memref.alloc", "memref.dim", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
@@ -26,13 +26,12 @@ _VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref
 FUSED_ATTR = "disc.fusion"  # on a fused loop: its fusion kind (read by the kernel descriptions)
 
 
-def _index(value: int) -> ir.Value:
-    return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
-                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
-
-
 def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
     return ir.Operation.create(name, results=[a.type], operands=[a, b]).result
+
+
+def _in_parallel(op: ir.Operation) -> bool:
+    return nested_in(op, "scf.parallel")
 
 
 def _dims(loop: ir.Operation) -> int:
@@ -191,7 +190,7 @@ def fuse_loops(module: ir.Module) -> int:
     fused = 0
     for func in [op for op in walk(module.operation) if op.name == "func.func"]:
         # blocks outside parallel loops (fusion erases loops, and the blocks inside them)
-        blocks = [b for op in walk(func) if op.name != "scf.parallel" and not _nested(op) for r in op.regions for b in r.blocks]
+        blocks = [b for op in walk(func) if op.name != "scf.parallel" and not _in_parallel(op) for r in op.regions for b in r.blocks]
         for block in blocks:
             current = None
             for op in [o.operation for o in block.operations]:
@@ -199,7 +198,7 @@ def fuse_loops(module: ir.Module) -> int:
                     if not op.name.startswith(_HOISTABLE) or op.regions:
                         current = None  # a barrier (a call, a store, another loop): loops on either side stay apart
                     continue
-                if op.results or _nested(op):
+                if op.results or _in_parallel(op):
                     current = None
                     continue
                 merged = _try_fuse(current, op) if current is not None else None
@@ -207,15 +206,6 @@ def fuse_loops(module: ir.Module) -> int:
                     fused += 1
                 current = merged or op
     return fused
-
-
-def _nested(op: ir.Operation) -> bool:
-    node = op.parent
-    while node is not None:
-        if node.name == "scf.parallel":
-            return True
-        node = node.parent
-    return False
 
 
 def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
@@ -238,7 +228,7 @@ def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
 def collapse_rows(module: ir.Module) -> None:
     """Every top-level parallel loop: its leading dims (all of them for a loop whose body is
     another loop nest; all but the innermost otherwise) become one linear dim."""
-    for op in [o for o in walk(module.operation) if o.name == "scf.parallel" and not o.results and not _nested(o)]:
+    for op in [o for o in walk(module.operation) if o.name == "scf.parallel" and not o.results and not _in_parallel(o)]:
         n = _dims(op)
         body_loops = any(o.name in ("scf.parallel", "scf.for") for o in list(walk(op))[1:])
         k = n if body_loops else n - 1
@@ -257,7 +247,7 @@ def _collapse(loop: ir.Operation) -> None:
         total = counts[0]
         for c in counts[1:]:
             total = _binary("arith.muli", total, c)
-        zero, one = _index(0), _index(1)
+        zero, one = index_constant(0), index_constant(1)
         linear, body = _new_loop([(zero, total, one)])
     old = loop.regions[0].blocks[0]
     with ir.InsertionPoint.at_block_begin(body), loop.location:
@@ -290,15 +280,6 @@ def accumulate_in_registers(module: ir.Module) -> int:
     return changed
 
 
-def _invariant(v: ir.Value, loop: ir.Operation) -> bool:
-    owner = v.owner.owner if isinstance(v.owner, ir.Block) else operation(v.owner)
-    while owner is not None:
-        if owner == loop:
-            return False
-        owner = owner.parent
-    return True
-
-
 def _accumulator(loop: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
     """A (load, store) pair of the loop's body: same buffer and loop-invariant indices, the only
     accesses to that buffer's storage anywhere in the loop."""
@@ -314,7 +295,7 @@ def _accumulator(loop: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None
         root = _root(ref)
         if isinstance(root.owner, ir.Block) or operation(root.owner).name not in ("memref.alloc", "memref.alloca"):
             continue
-        if not all(_invariant(i, loop) for i in indices) or sum(1 for r, _, _ in accesses if _root(r) == root) != 2:
+        if not all(defined_outside(i, loop) for i in indices) or sum(1 for r, _, _ in accesses if _root(r) == root) != 2:
             continue
         stores = [s for s in top if s.name == "memref.store" and s.operands[1] == ref and list(s.operands)[2:] == indices]
         if len(stores) == 1 and top.index(load) < top.index(stores[0]):
@@ -360,14 +341,14 @@ def hoist_invariant_loads(module: ir.Module) -> int:
     same storage) move before the loop: LLVM cannot prove that on its own for memref pointers,
     and a load it must repeat every iteration keeps the loop from vectorising. Returns the count."""
     hoisted = 0
-    for loop in [op for op in walk(module.operation) if op.name in ("scf.for", "scf.parallel") and _nested(op)]:
+    for loop in [op for op in walk(module.operation) if op.name in ("scf.for", "scf.parallel") and _in_parallel(op)]:
         accesses = _accesses(loop)
         if accesses is None:
             continue
         written = {_root(r) for r, _, w in accesses if w}
         for load in [o.operation for o in loop.regions[0].blocks[0].operations]:
             if (load.name == "memref.load" and _root(load.operands[0]) not in written
-                    and all(_invariant(v, loop) for v in load.operands)):
+                    and all(defined_outside(v, loop) for v in load.operands)):
                 load.move_before(loop)
                 hoisted += 1
     return hoisted
@@ -384,7 +365,7 @@ def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
         if op.name != "arith.select" or not isinstance(op.result.type, ir.IndexType):
             continue
         cond = op.operands[0]
-        if isinstance(cond.owner, ir.Block) or not _invariant(cond, loop):
+        if isinstance(cond.owner, ir.Block) or not defined_outside(cond, loop):
             continue
         check = operation(cond.owner)
         if check.name == "arith.cmpi" and ir.IntegerAttr(check.attributes["predicate"]).value == 0 \
@@ -400,7 +381,7 @@ def version_broadcasts(module: ir.Module) -> int:
     indexing (no per-element select, vectorisable); otherwise the general one. Each version is
     its own kernel, so the statistics say which ran. Returns the number of loops versioned."""
     versioned = 0
-    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _nested(op)]:
+    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)]:
         checks = _expansion_checks(loop)
         if not checks:
             continue

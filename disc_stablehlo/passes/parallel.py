@@ -13,7 +13,7 @@ import dataclasses
 
 from torch_mlir import ir
 
-from ..mlir_support import is_inside, new_private_function, operation, walk
+from ..mlir_support import defined_outside, is_inside, nested_in, new_private_function, operation, walk
 from .loops import FUSED_ATTR, VERSION_ATTR
 from .lower import LoweringState, clone_captured_constants
 
@@ -21,17 +21,11 @@ PTR = "!llvm.ptr"
 FNPTR_STEM = "__disc_fnptr_"
 
 
-def _defined_outside(v: ir.Value, op: ir.Operation) -> bool:
-    owner = v.owner
-    node = owner.owner if isinstance(owner, ir.Block) else owner
-    return not is_inside(operation(node) if node is not None else None, op)
-
-
 def _captured(op: ir.Operation) -> list[ir.Value] | None:
     found: list[ir.Value] = []
     for inner in walk(op):
         for v in inner.operands:
-            if _defined_outside(v, op) and not any(v == f for f in found):
+            if defined_outside(v, op) and not any(v == f for f in found):
                 found.append(v)
     for v in found:
         t = v.type
@@ -148,15 +142,6 @@ def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int
             f"func.func public @{par}(%data: !llvm.ptr, %lo: i64, %hi: i64) {{\n  " + "\n  ".join(lines) + "\n}")
 
 
-def _nested_in_parallel(op: ir.Operation) -> bool:
-    node = op.parent
-    while node is not None:
-        if node.name == "scf.parallel":
-            return True
-        node = node.parent
-    return False
-
-
 def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], module: ir.Module) -> None:
     """Moves `op` into a new private function `name(lb0, ub0, captured...)` whose first two
     arguments replace the loop's first-dimension bounds."""
@@ -240,7 +225,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     state = LoweringState(module)
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     loops = [op for f in funcs for op in walk(f)
-             if op.name == "scf.parallel" and not op.results and not _nested_in_parallel(op)]
+             if op.name == "scf.parallel" and not op.results and not nested_in(op, "scf.parallel")]
     kernels = []
     for op in loops:
         captured = _captured(op)

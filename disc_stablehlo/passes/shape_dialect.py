@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import operation, walk
+from ..mlir_support import index_constant, operation, walk
 
 Extents = list[ir.Value]
 
@@ -32,10 +32,10 @@ class _Resolver:
         with ir.InsertionPoint(op), op.location:
             if op.name == "shape.shape_of" and isinstance(op.operands[0].type, ir.RankedTensorType):
                 t = ir.RankedTensorType(op.operands[0].type)
-                return [_index(t.shape[i]) if not t.is_dynamic_dim(i)
-                        else _create("tensor.dim", [op.operands[0], _index(i)]) for i in range(t.rank)]
+                return [index_constant(t.shape[i]) if not t.is_dynamic_dim(i)
+                        else _create("tensor.dim", [op.operands[0], index_constant(i)]) for i in range(t.rank)]
             if op.name == "shape.const_shape":
-                return [_index(int(x)) for x in ir.DenseIntElementsAttr(op.attributes["shape"])]
+                return [index_constant(int(x)) for x in ir.DenseIntElementsAttr(op.attributes["shape"])]
             if op.name == "shape.split_at":
                 whole, split = self.extents(op.operands[0], op), _constant(op.operands[1])
                 if whole is None or split is None:
@@ -58,14 +58,9 @@ class _Resolver:
                 return self.extents(op.operands[0], op)
         if isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape and v.type.rank == 1:
             with ir.InsertionPoint(at), at.location:  # any other extent tensor of known length
-                return [_create("tensor.extract", [v, _index(i)], ir.RankedTensorType(v.type).element_type)
+                return [_create("tensor.extract", [v, index_constant(i)], ir.RankedTensorType(v.type).element_type)
                         for i in range(v.type.shape[0])]
         return None
-
-
-def _index(value: int) -> ir.Value:
-    return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],
-                               attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
 
 
 def _create(name: str, operands: list[ir.Value], result: ir.Type | None = None, **attrs) -> ir.Value:
@@ -92,7 +87,7 @@ def _broadcast(a: Extents, b: Extents) -> Extents:
         if cx == 1 or cy == 1:
             out.append(y if cx == 1 else x)
         else:
-            is_one = _create("arith.cmpi", [x, _index(1)], ir.IntegerType.get_signless(1),
+            is_one = _create("arith.cmpi", [x, index_constant(1)], ir.IntegerType.get_signless(1),
                              predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
             out.append(_create("arith.select", [is_one, y, x], ir.IndexType.get()))
     return out

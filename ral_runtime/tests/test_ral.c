@@ -121,6 +121,27 @@ static void test_threads_share_runtime(ral_runtime *rt) {
   }
 }
 
+/* One [m x k] x [k x n] product with A and B laid out by the given strides (element (i, k) of A at
+ * i * sa_m + k * sa_k), large enough for the pool, checked against a reference loop. */
+static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64_t sa_m, int64_t sa_k, int64_t sb_k,
+                        int64_t sb_n) {
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
+  for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
+  for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
+  disc_ral_gemm_f32(1, m, n, k, a, 0, sa_m, sa_k, b, 0, sb_k, sb_n, c);
+  int ok = ral_context_status(ctx) == RAL_OK;
+  for (int64_t i = 0; i < m && ok; i++)
+    for (int64_t j = 0; j < n; j++) {
+      float ref = 0;
+      for (int64_t x = 0; x < k; x++) ref += a[i * sa_m + x * sa_k] * b[x * sb_k + j * sb_n];
+      ok &= c[i * n + j] == ref;
+    }
+  free(a);
+  free(b);
+  free(c);
+  return ok;
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -145,42 +166,8 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
   }
   if (have_blas) {
-    /* large enough to be split into row blocks over the pool; A given transposed */
-    enum { M = 300, N = 70, K = 40 };
-    float *at = malloc(sizeof(float) * M * K), *bb = malloc(sizeof(float) * K * N), *cc = malloc(sizeof(float) * M * N);
-    for (int i = 0; i < M * K; i++) at[i] = (float)((i * 7) % 11) - 5;
-    for (int i = 0; i < K * N; i++) bb[i] = (float)((i * 3) % 7) - 3;
-    disc_ral_gemm_f32(1, M, N, K, at, 0, 1, M, bb, 0, N, 1, cc); /* A[i][k] = at[k * M + i] */
-    int ok = ral_context_status(ctx) == RAL_OK;
-    for (int i = 0; i < M && ok; i++)
-      for (int j = 0; j < N; j++) {
-        float ref = 0;
-        for (int k = 0; k < K; k++) ref += at[k * M + i] * bb[k * N + j];
-        ok &= cc[i * N + j] == ref;
-      }
-    CHECK(ok);
-    free(at);
-    free(bb);
-    free(cc);
-  }
-  if (have_blas) {
-    /* few rows: split into column blocks over the pool; B given transposed */
-    enum { M2 = 8, N2 = 300, K2 = 128 };
-    float *a2 = malloc(sizeof(float) * M2 * K2), *bt2 = malloc(sizeof(float) * N2 * K2), *c2 = malloc(sizeof(float) * M2 * N2);
-    for (int i = 0; i < M2 * K2; i++) a2[i] = (float)((i * 5) % 9) - 4;
-    for (int i = 0; i < N2 * K2; i++) bt2[i] = (float)((i * 3) % 7) - 3;
-    disc_ral_gemm_f32(1, M2, N2, K2, a2, 0, K2, 1, bt2, 0, 1, K2, c2); /* B[k][j] = bt2[j * K2 + k] */
-    int ok = ral_context_status(ctx) == RAL_OK;
-    for (int i = 0; i < M2 && ok; i++)
-      for (int j = 0; j < N2; j++) {
-        float ref = 0;
-        for (int k = 0; k < K2; k++) ref += a2[i * K2 + k] * bt2[j * K2 + k];
-        ok &= c2[i * N2 + j] == ref;
-      }
-    CHECK(ok);
-    free(a2);
-    free(bt2);
-    free(c2);
+    CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
+    CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
   }
   ral_context_enter(prev);
   ral_context_destroy(ctx);
