@@ -7,6 +7,8 @@ is what lets the buffer plan (`buffers.reuse_equal_buffers`) share them."""
 
 from __future__ import annotations
 
+import math
+
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
@@ -47,3 +49,46 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
         op.erase()
         replaced += 1
     return replaced
+
+
+def _divisor(d, facts) -> int:
+    """The largest known divisor of a dim: gcd over its terms of coefficient times the known
+    divisors of the variables in the term."""
+    g = 0
+    for mono, coeff in d.terms.items():
+        term = abs(coeff)
+        for v in mono:
+            term *= facts.divisor.get(v, 1)
+        g = math.gcd(g, term)
+    return g
+
+
+def expose_divisibility(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
+    """Reads of argument dims that the facts prove divisible by a power of two p (`mod(s, 8) ==
+    0`, a dim `16*k`; the guard checked it before any kernel runs) become `dim & -p`: the same
+    value, whose low zero bits LLVM now sees, so loops over it need no remainder iterations
+    after their vector body. Returns how many reads changed."""
+    block = entry.regions[0].blocks[0]
+    changed = 0
+    for op in walk(entry):
+        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
+            continue
+        index = op.operands[1].owner
+        a = op.operands[0].arg_number
+        if isinstance(index, ir.Block) or index.name != "arith.constant" or a >= len(shapes.args):
+            continue
+        i = ir.IntegerAttr(index.attributes["value"]).value
+        d = shapes.facts.canon(shapes.args[a][1][i])
+        g = _divisor(d, shapes.facts)
+        p = g & -g
+        if d.constant is not None or p < 2:
+            continue
+        with ir.InsertionPoint.after(op), op.location:
+            masked = ir.Operation.create("arith.andi", results=[op.result.type], operands=[op.result, index_constant(-p)]).result
+        for use in list(op.result.uses):
+            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if owner != masked.owner:
+                owner.operands[use.operand_number] = masked
+        shapes.uses.append(f"{shapes.args[a][0]} dim {i} ({d}) is divisible by {p}: loops over it see it")
+        changed += 1
+    return changed

@@ -17,7 +17,7 @@ from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
-from .dims import unify_argument_dims
+from .dims import expose_divisibility, unify_argument_dims
 from .fusion import forward_uniform_operands
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     version_broadcasts)
@@ -107,6 +107,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
         forward_uniform_operands(module)
         unify_argument_dims(_function(module, entry_name), shapes)
+        expose_divisibility(_function(module, entry_name), shapes)
         run_pipeline(module, f"builtin.module({FUSE})", "fusion")
         make_signless(module)
         # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
