@@ -62,6 +62,28 @@ class MaskCumsumArgmaxTopk(torch.nn.Module):
         return y, y.argmax(dim=1), mask.long().cumsum(dim=1), top, where, ascending, order
 
 
+class GroupNormUpsample(torch.nn.Module):
+    """A decoder block: conv, GroupNorm, SiLU, nearest upsampling by 2 and to a given size."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(4, 8, 3, padding=1), torch.nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        y = torch.nn.functional.silu(self.norm(self.conv(x)))
+        up = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        return up, torch.nn.functional.interpolate(y, size=(5, 7), mode="nearest")
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
 class Recurrent(torch.nn.Module):
     def __init__(self, kind):
         super().__init__()
@@ -85,6 +107,9 @@ MODELS = [
     ("causal_attention_embedding", CausalAttention, lambda b, s: (torch.randint(0, 50, (b, s)),), {"tokens": {0: B, 1: S}}),
     ("cnn_nchw", CNN, lambda b, s: (torch.randn(b, 3, 2 * s, 2 * s),), {"x": {0: B, 2: 2 * Dim("h", min=2, max=64), 3: 2 * Dim("w", min=2, max=64)}}),
     ("conv1d_dynamic_length", Conv1d, lambda b, s: (torch.randn(b, 4, s),), {"x": {0: B, 2: S}}),
+    ("groupnorm_upsample", GroupNormUpsample, lambda b, s: (torch.randn(b, 4, s, s + 1),),
+     {"x": {0: B, 2: Dim("h", min=2, max=64), 3: Dim("w", min=3, max=65)}}),
+    ("multihead_attention", SelfAttention, lambda b, s: (torch.randn(b, s, 16),), {"x": {0: B, 1: S}}),
     ("gru", lambda: Recurrent("GRU"), lambda b, s: (torch.randn(b, 6, 8),), {"x": {0: B}}),
     ("lstm", lambda: Recurrent("LSTM"), lambda b, s: (torch.randn(b, 6, 8),), {"x": {0: B}}),
     ("mask_cumsum_argmax_topk", MaskCumsumArgmaxTopk, lambda b, s: (torch.randn(b, s), torch.rand(b, s) > 0.3),

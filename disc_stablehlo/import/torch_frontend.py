@@ -64,6 +64,50 @@ def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = Tr
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 
 
+def _group_norm(x: Any, weight: Any, bias: Any, n: Any, c: Any, hw: Any, group: int, eps: float) -> Any:
+    """native_group_norm over [N, group, C/group * spatial] (torch's own decomposition goes
+    through as_strided, which torch-mlir needs static sizes for)."""
+    import torch
+
+    grouped = x.reshape(x.shape[0], group, -1)
+    mean = grouped.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(((grouped - mean) ** 2).mean(-1, keepdim=True) + eps)
+    out = ((grouped - mean) * rstd).reshape(x.shape)
+    channel = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    if weight is not None:
+        out = out * weight.reshape(channel)
+    if bias is not None:
+        out = out + bias.reshape(channel)
+    return out, mean.reshape(x.shape[0], group), rstd.reshape(x.shape[0], group)
+
+
+def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> Any:
+    """Nearest upsampling of the trailing dims as gathers with PyTorch's source index,
+    floor(i * in / out) (floor(i / scale) for a scale factor), in integer arithmetic so it holds
+    for symbolic sizes (torch-mlir cannot lower the op with dynamic sizes)."""
+    import torch
+
+    from ..errors import UnsupportedOpError
+
+    for d in range(x.dim() - 2):
+        axis = 2 + d
+        size = x.shape[axis]
+        positions = None
+        if output_size is not None:
+            out = output_size[d]
+            positions = torch.arange(out, device=x.device) * size // out
+        elif float(scale_factors[d]).is_integer():
+            k = int(scale_factors[d])
+            positions = torch.arange(size * k, device=x.device) // k
+        elif isinstance(size, int):
+            out = int(size * scale_factors[d])
+            positions = (torch.arange(out, device=x.device, dtype=torch.float64) / scale_factors[d]).floor().to(torch.int64)
+        if positions is None:
+            raise UnsupportedOpError(f"nearest upsampling of a dynamic dim by the non-integral factor {scale_factors[d]}")
+        x = x.index_select(axis, positions.clamp(max=size - 1))
+    return x
+
+
 def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> Any:
     """Strides mean nothing to a value-semantics compiler; torch-mlir guards non-default ones with
     a run-time assert StableHLO cannot express (RNNs allocate their state this way)."""
@@ -73,7 +117,8 @@ def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = N
 
 
 def _decompositions() -> dict:
-    """torch-mlir's table plus ours (cumsum, sort and topk, empty_strided)."""
+    """torch-mlir's table plus ours (cumsum, sort and topk, group norm, nearest upsampling,
+    empty_strided)."""
     import torch
     import torch_mlir.fx as fx
 
@@ -83,6 +128,9 @@ def _decompositions() -> dict:
     table[torch.ops.aten.sort.default] = _sort
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.topk.default] = _topk
+    table[torch.ops.aten.native_group_norm.default] = _group_norm
+    for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
+        table[op.vec] = _upsample_nearest
     return table
 
 
