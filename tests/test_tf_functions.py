@@ -113,3 +113,23 @@ def test_works_in_a_process_that_imported_tensorflow_first():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[0.0, 4.0]"
+
+
+def test_keras_layers():
+    dense, norm = tf.keras.layers.Dense(8, activation="relu"), tf.keras.layers.LayerNormalization()
+    attention = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)
+
+    def block(x):
+        h = norm(x + attention(x, x))
+        return dense(h)
+
+    block(tf.zeros((1, 3, 16)))  # builds the layers
+    f = disc.compile(tf.function(block), tf.TensorSpec([None, None, 16], tf.float32))
+    for shape in [(1, 2, 16), (3, 5, 16), (2, 9, 16)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(f(x), block(tf.constant(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_tf_ops_the_exporter_leaves_are_named():
+    with pytest.raises(disc.UnsupportedOpError, match="tf.TopKV2"):
+        disc.compile(tf.function(lambda x: tf.math.top_k(x, k=2).values), tf.TensorSpec([None, None], tf.float32))

@@ -9,6 +9,7 @@ Any other TF op left behind is reported as unsupported."""
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -43,15 +44,20 @@ def _from_tf(fn: Any, *specs: Any) -> Imported:
     traced = fn if hasattr(fn, "get_concrete_function") else tf.function(fn)
     concrete = traced.get_concrete_function(*specs)
     frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+    tf_text = tf.mlir.experimental.convert_function(frozen)
     try:
-        bytecode = to_stablehlo.tensorflow_module_to_stablehlo(tf.mlir.experimental.convert_function(frozen),
-                                                               ":".join(_shape_text(s) for s in specs))
+        bytecode = to_stablehlo.tensorflow_module_to_stablehlo(tf_text, ":".join(_shape_text(s) for s in specs))
     except Exception as e:
         raise CompileError(f"TensorFlow's StableHLO exporter failed: {e}") from None
     ctx = new_context()
     ctx.allow_unregistered_dialects = True  # the TF ops the exporter leaves behind
     with ctx, ir.Location.unknown():
-        module = ir.Module.parse(bytecode)
+        try:
+            module = ir.Module.parse(bytecode)
+        except Exception:  # TF ops left with TF-specific attributes, which only TF can read
+            ops = sorted(set(re.findall(r'"(tf\.\w+)"', tf_text)) - {"tf.Const", "tf.Identity", "tf.NoOp"})
+            raise UnsupportedOpError("TensorFlow's StableHLO exporter left TF ops unconverted (one of "
+                                     f"{', '.join(ops)}); they are not supported") from None
         _convert_leftovers(module)
         ctx.allow_unregistered_dialects = False
         entry = find_entry(module)
