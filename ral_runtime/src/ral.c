@@ -103,15 +103,15 @@ typedef struct {
   void *data;
   ral_context *ctx;
   int64_t end, grain;
-  atomic_int_fast64_t next;    /* next unclaimed iteration */
-  atomic_int pending_workers;  /* workers still inside this job */
+  atomic_int_fast64_t next; /* next unclaimed iteration */
+  atomic_int active;         /* workers that joined the job and have not left it */
 } parallel_job;
 
 typedef struct {
   pthread_mutex_t lock;
   pthread_cond_t wake, done;
   pthread_mutex_t submit; /* one job at a time; other callers wait here */
-  parallel_job *job;
+  parallel_job *job;      /* the open job (NULL once its caller has run out of chunks) */
   atomic_int_fast64_t generation; /* bumped once per job, after `job` is set */
   atomic_int stopping;
   int num_workers;
@@ -161,9 +161,15 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load(&pool->stopping)) break;
     seen = atomic_load(&pool->generation);
+    /* join the job only while it is open: a worker that wakes late (descheduled on a busy
+     * machine) finds it closed and goes back to waiting, and the caller never waits for it */
+    pthread_mutex_lock(&pool->lock);
     parallel_job *job = pool->job;
+    if (job) atomic_fetch_add(&job->active, 1);
+    pthread_mutex_unlock(&pool->lock);
+    if (!job) continue;
     run_chunks(job);
-    if (atomic_fetch_sub(&job->pending_workers, 1) == 1) {
+    if (atomic_fetch_sub(&job->active, 1) == 1) { /* the job may be gone after this */
       pthread_mutex_lock(&pool->lock);
       pthread_cond_broadcast(&pool->done);
       pthread_mutex_unlock(&pool->lock);
@@ -371,7 +377,7 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
   if (grain < per_thread / 4) grain = per_thread / 4 > 0 ? per_thread / 4 : 1;
   parallel_job job = {.body = body, .data = data, .ctx = ctx, .end = end, .grain = grain};
   atomic_init(&job.next, begin);
-  atomic_init(&job.pending_workers, pool->num_workers);
+  atomic_init(&job.active, 0);
   pthread_mutex_lock(&pool->submit);
   pthread_mutex_lock(&pool->lock);
   pool->job = &job;
@@ -382,9 +388,12 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
   tls_in_pool = 1; /* nested parallel loops in the caller's chunks run inline */
   run_chunks(&job);
   tls_in_pool = was_in_pool;
-  for (int i = 0; i < RAL_SPIN_ROUNDS && atomic_load(&job.pending_workers) > 0; i++) cpu_relax();
   pthread_mutex_lock(&pool->lock);
-  while (atomic_load(&job.pending_workers) > 0) pthread_cond_wait(&pool->done, &pool->lock);
+  pool->job = NULL; /* closed: only the workers that joined are waited for */
+  pthread_mutex_unlock(&pool->lock);
+  for (int i = 0; i < RAL_SPIN_ROUNDS && atomic_load(&job.active) > 0; i++) cpu_relax();
+  pthread_mutex_lock(&pool->lock);
+  while (atomic_load(&job.active) > 0) pthread_cond_wait(&pool->done, &pool->lock);
   pthread_mutex_unlock(&pool->lock);
   pthread_mutex_unlock(&pool->submit);
 }
