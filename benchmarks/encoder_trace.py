@@ -184,7 +184,7 @@ def plot(data: dict, path: str) -> None:
     b.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes)
     b.set_xlabel("(batch, seq)")
     b.set_yscale("log")
-    b.set_ylabel("steady-state latency, ms (log)")
+    b.set_ylabel("steady-state latency, median ms (log)")
     b.legend(fontsize=8)
     fig.suptitle("BERT-like encoder layer (hidden 256, 4 heads, FFN 1024), 2 threads per peer")
     fig.tight_layout()
