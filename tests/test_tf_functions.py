@@ -61,6 +61,10 @@ def flatten(x):
     return tf.reshape(x, [tf.shape(x)[0], -1])
 
 
+def masked_cumsum(x):
+    return tf.cumsum(tf.where(x > 0, x, tf.zeros_like(x)), axis=1)
+
+
 def _floats(*shapes):
     return [RNG.standard_normal(s).astype(np.float32) for s in shapes]
 
@@ -72,6 +76,7 @@ CASES = [
     ("layer_norm", layer_norm, [None, None, H], _floats((1, 3, H), (2, 9, H), (4, 1, H))),
     ("while_loop", while_loop, [None, 4], _floats((1, 4), (5, 4), (9, 4))),
     ("flatten", flatten, [None, None, 3], _floats((1, 2, 3), (4, 5, 3), (2, 1, 3))),
+    ("masked_cumsum", masked_cumsum, [None, None], _floats((1, 1), (3, 7), (4, 20))),
 ]
 
 

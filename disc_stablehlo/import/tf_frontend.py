@@ -4,8 +4,9 @@
 The function is traced, its variables frozen into constants (control flow kept as
 `tf.While`/`tf.If`, which TF's exporter turns into StableHLO control flow) and converted by TF's
 own StableHLO exporter. The exporter leaves a `tf.Reshape` whose result has an unknown dim as a
-TF op; it is rewritten here into `stablehlo.dynamic_reshape` with the `-1` resolved at run time.
-Any other TF op left behind is reported as unsupported."""
+TF op; it is rewritten here into `stablehlo.dynamic_reshape` with the `-1` resolved at run time,
+and a `tf.Cumsum` on a dynamic dim into a product with a triangular matrix. Any other TF op left
+behind is reported as unsupported, by name."""
 
 from __future__ import annotations
 
@@ -74,8 +75,43 @@ def _convert_leftovers(module: ir.Module) -> None:
         if op.name == "tf.Reshape":
             name = state.fresh_symbol("tf_reshape")
             state.replace_with_call(op, _reshape_function(name, op), name)
+        elif op.name == "tf.Cumsum" and (text := _cumsum_function(name := state.fresh_symbol("tf_cumsum"), op)):
+            state.replace_with_call(op, text, name)
         elif op.name.startswith("tf."):
             raise UnsupportedOpError(f"TensorFlow's StableHLO exporter left {describe(op)} unconverted")
+
+
+def _cumsum_function(name: str, op: ir.Operation) -> str | None:
+    """tf.Cumsum (inclusive, forward, float) along a constant axis as a product with an
+    upper-triangular matrix of ones built from iotas; None when it cannot be expressed so."""
+    x_type, r_type = ir.RankedTensorType(op.operands[0].type), op.result.type
+    axis_owner = op.operands[1].owner
+    flags = [a for a in ("exclusive", "reverse") if a in op.attributes and ir.BoolAttr(op.attributes[a]).value]
+    if (flags or not isinstance(x_type.element_type, ir.FloatType) or isinstance(axis_owner, ir.Block)
+            or axis_owner.name != "stablehlo.constant"):
+        return None
+    axis = int(ir.DenseIntElementsAttr(axis_owner.attributes["value"])[0]) % x_type.rank
+    elem, rank = str(x_type.element_type), x_type.rank
+    n = "?" if x_type.is_dynamic_dim(axis) else str(x_type.shape[axis])
+    tri, idx, mask = f"tensor<{n}x{n}x{elem}>", f"tensor<{n}x{n}xi64>", f"tensor<{n}x{n}xi1>"
+    others = [d for d in range(rank) if d != axis]
+    prod_type = f"tensor<{''.join(('?' if x_type.is_dynamic_dim(d) else str(x_type.shape[d])) + 'x' for d in others)}{n}x{elem}>"
+    lines = [
+        f"%d = stablehlo.get_dimension_size %x, dim = {axis} : ({x_type}) -> tensor<i32>",
+        "%d1 = stablehlo.reshape %d : (tensor<i32>) -> tensor<1xi32>",
+        "%shape = stablehlo.concatenate %d1, %d1, dim = 0 : (tensor<1xi32>, tensor<1xi32>) -> tensor<2xi32>",
+        f"%rows = stablehlo.dynamic_iota %shape, dim = 0 : (tensor<2xi32>) -> {idx}",
+        f"%cols = stablehlo.dynamic_iota %shape, dim = 1 : (tensor<2xi32>) -> {idx}",
+        f"%upper = stablehlo.compare LE, %rows, %cols : ({idx}, {idx}) -> {mask}",
+        f"%ones = stablehlo.convert %upper : ({mask}) -> {tri}",
+        f"%p = stablehlo.dot_general %x, %ones, contracting_dims = [{axis}] x [0] : ({x_type}, {tri}) -> {prod_type}",
+    ]
+    # the product puts the summed axis last; move it back
+    perm = list(range(rank - 1))
+    perm.insert(axis, rank - 1)
+    lines += [f"%r = stablehlo.transpose %p, dims = {perm} : ({prod_type}) -> {r_type}", f"return %r : {r_type}"]
+    body = "\n  ".join(lines)
+    return f"func.func private @{name}(%x: {x_type}, %axis: {op.operands[1].type}) -> {r_type} {{\n  {body}\n}}"
 
 
 def _reshape_function(name: str, op: ir.Operation) -> str:
