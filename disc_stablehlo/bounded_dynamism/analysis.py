@@ -331,7 +331,36 @@ def _dims_from_shape_operand(w: _Walker, op: ir.Operation):
         before, after = (w.facts.canon(_product(dims)) for dims in (w.of(op.operands[0]), out))
         if before != after:
             w.facts.facts.append(Fact(f"{before} == {after}", "dynamic_reshape keeps the element count"))
+        groups = _reassociation(w.facts, w.of(op.operands[0]), out)
+        if groups is not None:
+            op.attributes[REASSOCIATION_ATTR] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(g) for g in groups])
     return [out] if out is not None else None
+
+
+REASSOCIATION_ATTR = "disc.reassociation"  # on a dynamic_reshape proven to only split or merge dims
+
+
+def _reassociation(facts: ShapeFacts, src: list[Dim], dst: list[Dim]) -> list[list[int]] | None:
+    """For a reshape that only splits dims (or only merges them): the groups of the longer side's
+    dims whose products are the shorter side's dims, in order; None when the facts cannot show it."""
+    short, long_ = (src, dst) if len(src) <= len(dst) else (dst, src)
+    if not short or len(short) == len(long_):
+        return None
+    groups, j = [], 0
+    for i, d in enumerate(short):
+        group, product = [], Dim.const(1)
+        while j < len(long_) and (not group or not facts.equal(product, d)):
+            group.append(j)
+            product = product * long_[j]
+            j += 1
+        if not facts.equal(product, d):
+            return None
+        if i == len(short) - 1:  # trailing size-1 dims join the last group
+            while j < len(long_) and facts.equal(long_[j], Dim.const(1)):
+                group.append(j)
+                j += 1
+        groups.append(group)
+    return groups if j == len(long_) else None
 
 
 @_rule("stablehlo.transpose")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
+from ..bounded_dynamism.analysis import REASSOCIATION_ATTR
 from ..mlir_support import int_list
 from .lower import LoweringState, Text, register_rewrite, register_template
 
@@ -147,7 +148,19 @@ def _shape_concatenate(op, t: Text, state):
 
 @register_template("stablehlo.dynamic_reshape")
 def _dynamic_reshape(op, t: Text, state):
-    return [t(f"tensor.reshape %a0(%a1) : ({op.operands[0].type}, {op.operands[1].type}) -> {op.result.type}")]
+    """A reshape the analysis proved to only split or only merge dims is an expand_shape /
+    collapse_shape (whose dims fold, and which upstream fusion moves through elementwise ops);
+    any other is a tensor.reshape by the shape operand."""
+    src, dst = op.operands[0].type, op.result.type
+    if REASSOCIATION_ATTR not in op.attributes:
+        return [t(f"tensor.reshape %a0(%a1) : ({src}, {op.operands[1].type}) -> {dst}")]
+    groups = [list(ir.DenseI64ArrayAttr(g)) for g in ir.ArrayAttr(op.attributes[REASSOCIATION_ATTR])]
+    if ir.RankedTensorType(src).rank > ir.RankedTensorType(dst).rank:
+        return [t(f"tensor.collapse_shape %a0 {groups} : {src} into {dst}")]
+    dims = _result_dims(t, op, "%a1", op.operands[1].type)
+    rt = ir.RankedTensorType(dst)
+    shape = ", ".join(str(rt.shape[i]) if not rt.is_dynamic_dim(i) else dims[i] for i in range(rt.rank))
+    return [t(f"tensor.expand_shape %a0 {groups} output_shape [{shape}] : {src} into {dst}")]
 
 
 @register_template("stablehlo.real_dynamic_slice")
