@@ -128,7 +128,7 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
     """The stages after the frontend (for frontends called from elsewhere, e.g. the dynamo backend).
 
     With `DISC_CACHE_DIR` set, compiled functions are kept there, keyed by the imported module,
-    the constraints and options, the target, the package version and the RAL build: a later
+    the constraints and options, the target, the package version and sources and the RAL build: a later
     process loads the shared object instead of generating code (its `compile_count` is 0)."""
     tgt = get_target(target)
     cache = os.environ.get("DISC_CACHE_DIR")
@@ -169,7 +169,21 @@ def _cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse
         h.update(part.encode())
         h.update(b"\0")
     h.update(_ral_digest())
+    h.update(_compiler_digest())
     return h.hexdigest()[:32]
+
+
+@functools.cache
+def _compiler_digest() -> bytes:
+    """The compiler's own sources (read once per process): a changed pass never reuses objects
+    an older build compiled, version number or not."""
+    h = hashlib.sha256()
+    root = os.path.dirname(os.path.abspath(__file__))
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            with open(os.path.join(folder, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.digest()
 
 
 @functools.cache
