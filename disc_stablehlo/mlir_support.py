@@ -138,6 +138,19 @@ def index_constant(value: int) -> ir.Value:
                                attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
 
 
+def create_value(name: str, operands: list[ir.Value], result: ir.Type, **attributes: ir.Attribute) -> ir.Value:
+    """The result of a new single-result op at the current insertion point."""
+    return ir.Operation.create(name, results=[result], operands=list(operands), attributes=attributes).result
+
+
+def int_constant(v: ir.Value) -> int | None:
+    """The value of an integer constant (`arith.constant`, `shape.const_size`); None otherwise."""
+    if isinstance(v.owner, ir.Block) or operation(v.owner).name not in ("arith.constant", "shape.const_size"):
+        return None
+    attr = operation(v.owner).attributes["value"]
+    return ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else None
+
+
 def defined_outside(v: ir.Value, op: ir.Operation) -> bool:
     """Whether `v` is defined outside `op` (neither by an op nor a block argument inside it)."""
     owner = v.owner

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import index_constant, operation, walk
+from ..mlir_support import index_constant, int_constant, operation, walk
 
 ARENA_ALIGNMENT = 64
 ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
@@ -187,10 +187,9 @@ def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, depth: 
     """Bounds of an index value computed from constants and argument dims; None if unknown."""
     if isinstance(v.owner, ir.Block) or depth > 32:
         return None
-    op = operation(v.owner)
-    if op.name == "arith.constant" and isinstance(op.result.type, (ir.IndexType, ir.IntegerType)):
-        c = ir.IntegerAttr(op.attributes["value"]).value
+    if (c := int_constant(v)) is not None:
         return c, c
+    op = operation(v.owner)
     if op.name == "memref.dim":
         src, index = op.operands
         if (isinstance(src.owner, ir.Block) and src.owner == entry_block and src.arg_number < len(shapes.args)

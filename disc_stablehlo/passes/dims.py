@@ -12,7 +12,21 @@ import math
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import index_constant, walk
+from ..mlir_support import create_value, index_constant, int_constant, walk
+
+
+def _argument_dim_reads(entry: ir.Operation, shapes: ShapeAnalysis) -> list[tuple[ir.Operation, int, int]]:
+    """(op, argument, dim) of every `tensor.dim` of an entry argument the signature describes,
+    at a constant dim."""
+    block = entry.regions[0].blocks[0]
+    found = []
+    for op in walk(entry):
+        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
+            continue
+        a, i = op.operands[0].arg_number, int_constant(op.operands[1])
+        if i is not None and a < len(shapes.args):
+            found.append((op, a, i))
+    return found
 
 
 def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
@@ -24,23 +38,14 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
         for i, d in enumerate(dims):
             first.setdefault(str(d), (a, i))
     replaced = 0
-    for op in walk(entry):
-        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
-            continue
-        index = op.operands[1].owner
-        if isinstance(index, ir.Block) or index.name != "arith.constant":
-            continue
-        a, i = op.operands[0].arg_number, ir.IntegerAttr(index.attributes["value"]).value
-        if a >= len(canon):
-            continue
+    for op, a, i in _argument_dim_reads(entry, shapes):
         d = canon[a][i]
         with ir.InsertionPoint(op), op.location:
             if d.constant is not None:
                 new = index_constant(d.constant)
             elif first[str(d)] != (a, i):
                 ra, ri = first[str(d)]
-                new = ir.Operation.create("tensor.dim", results=[ir.IndexType.get()],
-                                          operands=[block.arguments[ra], index_constant(ri)]).result
+                new = create_value("tensor.dim", [block.arguments[ra], index_constant(ri)], ir.IndexType.get())
             else:
                 continue
         what = f"constant {d.constant}" if d.constant is not None else f"{shapes.args[ra][0]} dim {ri}"
@@ -68,23 +73,15 @@ def expose_divisibility(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
     0`, a dim `16*k`; the guard checked it before any kernel runs) become `dim & -p`: the same
     value, whose low zero bits LLVM now sees, so loops over it need no remainder iterations
     after their vector body. Returns how many reads changed."""
-    block = entry.regions[0].blocks[0]
     changed = 0
-    for op in walk(entry):
-        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
-            continue
-        index = op.operands[1].owner
-        a = op.operands[0].arg_number
-        if isinstance(index, ir.Block) or index.name != "arith.constant" or a >= len(shapes.args):
-            continue
-        i = ir.IntegerAttr(index.attributes["value"]).value
+    for op, a, i in _argument_dim_reads(entry, shapes):
         d = shapes.facts.canon(shapes.args[a][1][i])
         g = _divisor(d, shapes.facts)
         p = g & -g
         if d.constant is not None or p < 2:
             continue
         with ir.InsertionPoint.after(op), op.location:
-            masked = ir.Operation.create("arith.andi", results=[op.result.type], operands=[op.result, index_constant(-p)]).result
+            masked = create_value("arith.andi", [op.result, index_constant(-p)], op.result.type)
         for use in list(op.result.uses):
             owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
             if owner != masked.owner:

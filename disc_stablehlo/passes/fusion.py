@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import operation, walk
+from ..mlir_support import defined_outside, operation, walk
 
 
 def _uniform_value(v: ir.Value) -> ir.Value | None:
@@ -26,19 +26,8 @@ def _uniform_value(v: ir.Value) -> ir.Value | None:
         ops = list(body.operations)
         if len(ops) == 1 and ops[0].name == "linalg.yield" and len(op.results) == 1:
             y = ops[0].operands[0]
-            inside = isinstance(y.owner, ir.Block) and y.owner == body
-            return None if inside or _defined_in(y, op) else y
+            return y if defined_outside(y, op) else None
     return None
-
-
-def _defined_in(v: ir.Value, op: ir.Operation) -> bool:
-    owner = v.owner if isinstance(v.owner, ir.Block) else operation(v.owner)
-    while owner is not None:
-        parent = owner.parent if isinstance(owner, ir.Operation) else owner.owner
-        if parent is not None and operation(parent) == op:
-            return True
-        owner = parent if isinstance(parent, ir.Operation) else None
-    return False
 
 
 def _num_inputs(op: ir.Operation) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import defined_outside, index_constant, nested_in, operation, walk
+from ..mlir_support import create_value, defined_outside, index_constant, int_constant, nested_in, operation, walk
 
 # ops between two loops that may move above the first one (their operands permitting)
 _HOISTABLE = ("arith.", "memref.alloc", "memref.dim", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
@@ -27,7 +27,7 @@ FUSED_ATTR = "disc.fusion"  # on a fused loop: its fusion kind (read by the kern
 
 
 def _binary(name: str, a: ir.Value, b: ir.Value) -> ir.Value:
-    return ir.Operation.create(name, results=[a.type], operands=[a, b]).result
+    return create_value(name, [a, b], a.type)
 
 
 def _in_parallel(op: ir.Operation) -> bool:
@@ -38,9 +38,12 @@ def _dims(loop: ir.Operation) -> int:
     return len(loop.regions[0].blocks[0].arguments)
 
 
-def _bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
-    n = _dims(loop)
+def loop_bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
+    """(lower bound, upper bound, step) per dim of an scf.parallel or scf.for."""
     ops = list(loop.operands)
+    if loop.name == "scf.for":
+        return [(ops[0], ops[1], ops[2])]
+    n = _dims(loop)
     return [(ops[i], ops[n + i], ops[2 * n + i]) for i in range(n)]
 
 
@@ -64,9 +67,17 @@ def _move_body(src: ir.Block, dst: ir.Block, ivs: list[ir.Value]) -> None:
         op.operation.move_before(terminator)
 
 
+def _replace(old: ir.Operation, new: ir.Operation) -> None:
+    """Erases the (emptied) loop `old`; `new`, which took its body, keeps its attributes."""
+    for name in old.attributes:
+        if name != "operandSegmentSizes":
+            new.attributes[name] = old.attributes[name]
+    old.erase()
+
+
 def _split(loop: ir.Operation, k: int) -> ir.Operation:
     """loop(d0..dn) -> loop(d0..dk-1) { loop(dk..dn) { body } }; returns the outer loop."""
-    bounds = _bounds(loop)
+    bounds = loop_bounds(loop)
     if k >= len(bounds):
         return loop
     with ir.InsertionPoint(loop), loop.location:
@@ -75,24 +86,15 @@ def _split(loop: ir.Operation, k: int) -> ir.Operation:
         inner, inner_body = _new_loop(bounds[k:])
     body = loop.regions[0].blocks[0]
     _move_body(body, inner_body, list(outer_body.arguments) + list(inner_body.arguments))
-    for name in loop.attributes:
-        if name != "operandSegmentSizes":
-            outer.attributes[name] = loop.attributes[name]
-    loop.erase()
+    _replace(loop, outer)
     return outer
 
 
 def _same_bound(a: ir.Value, b: ir.Value) -> bool:
     if a == b:
         return True
-    ca, cb = (_constant(v) for v in (a, b))
+    ca, cb = (int_constant(v) for v in (a, b))
     return ca is not None and ca == cb
-
-
-def _constant(v: ir.Value) -> int | None:
-    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.constant":
-        return None
-    return ir.IntegerAttr(operation(v.owner).attributes["value"]).value
 
 
 def _root(v: ir.Value) -> ir.Value:
@@ -210,7 +212,7 @@ def fuse_loops(module: ir.Module) -> int:
 
 def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
     """The fused loop, or None when the two loops cannot fuse."""
-    b1, b2 = _bounds(first), _bounds(second)
+    b1, b2 = loop_bounds(first), loop_bounds(second)
     k = min(len(b1), len(b2))
     if any(not all(_same_bound(x, y) for x, y in zip(p, q)) for p, q in zip(b1[:k], b2[:k])):
         return None
@@ -238,12 +240,12 @@ def collapse_rows(module: ir.Module) -> None:
 
 
 def _collapse(loop: ir.Operation) -> None:
-    bounds = _bounds(loop)
+    bounds = loop_bounds(loop)
     with ir.InsertionPoint(loop), loop.location:
         counts = []
         for lb, ub, step in bounds:
             span = _binary("arith.subi", ub, lb)
-            counts.append(ir.Operation.create("arith.ceildivsi", results=[span.type], operands=[span, step]).result)
+            counts.append(_binary("arith.ceildivsi", span, step))
         total = counts[0]
         for c in counts[1:]:
             total = _binary("arith.muli", total, c)
@@ -257,10 +259,7 @@ def _collapse(loop: ir.Operation) -> None:
             rest = _binary("arith.divsi", rest, count)
             ivs.append(_binary("arith.addi", lb, _binary("arith.muli", i, step)))
     _move_body(old, body, list(reversed(ivs)))
-    for name in loop.attributes:
-        if name != "operandSegmentSizes":
-            linear.attributes[name] = loop.attributes[name]
-    loop.erase()
+    _replace(loop, linear)
 
 
 _REDUCERS = ("arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
@@ -369,7 +368,7 @@ def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
             continue
         check = operation(cond.owner)
         if check.name == "arith.cmpi" and ir.IntegerAttr(check.attributes["predicate"]).value == 0 \
-                and _constant(check.operands[1]) == 1 and cond not in found:
+                and int_constant(check.operands[1]) == 1 and cond not in found:
             found.append(cond)
     return found
 

@@ -11,7 +11,7 @@ import math
 
 from torch_mlir import ir
 
-from ..mlir_support import walk
+from ..mlir_support import create_value, walk
 
 _LOW = -80.0       # below this, the shifted path
 _SHIFT = 64.0
@@ -20,10 +20,6 @@ _FLOOR = -87.0     # shifted inputs stay above libmvec's range limit (results th
 
 def _const(value: float, t: ir.Type) -> ir.Value:
     return ir.Operation.create("arith.constant", results=[t], attributes={"value": ir.FloatAttr.get(t, value)}).result
-
-
-def _op(name: str, operands: list[ir.Value], t: ir.Type, **attrs) -> ir.Value:
-    return ir.Operation.create(name, results=[t], operands=operands, attributes=attrs).result
 
 
 def keep_exp_vectorised(module: ir.Module) -> int:
@@ -35,13 +31,13 @@ def keep_exp_vectorised(module: ir.Module) -> int:
             continue
         x = op.operands[0]
         with ir.InsertionPoint(op), op.location:
-            low = _op("arith.cmpf", [x, _const(_LOW, f32)], ir.IntegerType.get_signless(1),
+            low = create_value("arith.cmpf", [x, _const(_LOW, f32)], ir.IntegerType.get_signless(1),
                       predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4))  # olt
-            shifted = _op("arith.maximumf", [_op("arith.addf", [x, _const(_SHIFT, f32)], f32), _const(_FLOOR, f32)], f32)
-            y = _op("arith.select", [low, shifted, x], f32)
-            e = _op("math.exp", [y], f32)
-            scaled = _op("arith.mulf", [e, _const(math.exp(-_SHIFT), f32)], f32)
-            result = _op("arith.select", [low, scaled, e], f32)
+            shifted = create_value("arith.maximumf", [create_value("arith.addf", [x, _const(_SHIFT, f32)], f32), _const(_FLOOR, f32)], f32)
+            y = create_value("arith.select", [low, shifted, x], f32)
+            e = create_value("math.exp", [y], f32)
+            scaled = create_value("arith.mulf", [e, _const(math.exp(-_SHIFT), f32)], f32)
+            result = create_value("arith.select", [low, scaled, e], f32)
         op.result.replace_all_uses_with(result)
         op.erase()
         count += 1

@@ -14,7 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..mlir_support import defined_outside, is_inside, nested_in, new_private_function, operation, walk
-from .loops import FUSED_ATTR, VERSION_ATTR
+from .loops import FUSED_ATTR, VERSION_ATTR, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
@@ -199,13 +199,6 @@ def _describe(name: str, op: ir.Operation) -> Kernel:
     return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version)
 
 
-def _loop_bounds(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
-    if loop.name == "scf.for":
-        return [(loop.operands[0], loop.operands[1], loop.operands[2])]
-    n = len(loop.regions[0].blocks[0].arguments)
-    return [(loop.operands[i], loop.operands[n + i], loop.operands[2 * n + i]) for i in range(n)]
-
-
 def _body_loops(op: ir.Operation) -> list[ir.Operation]:
     """The loops directly in `op`'s body (not inside another loop of it)."""
     found = []
@@ -231,12 +224,10 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         captured = _captured(op)
         if captured is None:
             continue
-        dims = len(op.regions[0].blocks[0].arguments)
-        bounds = [(_find(captured, op.operands[d]), _find(captured, op.operands[dims + d]), _find(captured, op.operands[2 * dims + d]))
-                  for d in range(dims)]
+        bounds = [tuple(_find(captured, v) for v in bound) for bound in loop_bounds(op)]
         par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
-        inner = [[(_find(captured, a), _find(captured, b), _find(captured, c)) for a, b, c in _loop_bounds(loop)]
-                 for loop in _body_loops(op) if all(v in captured for bound in _loop_bounds(loop) for v in bound)]
+        inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
+                 for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
         kernels.append(_describe(par, op))
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})

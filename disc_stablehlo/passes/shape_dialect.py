@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import index_constant, operation, walk
+from ..mlir_support import create_value, index_constant, int_constant, operation, walk
 
 Extents = list[ir.Value]
 
@@ -33,11 +33,11 @@ class _Resolver:
             if op.name == "shape.shape_of" and isinstance(op.operands[0].type, ir.RankedTensorType):
                 t = ir.RankedTensorType(op.operands[0].type)
                 return [index_constant(t.shape[i]) if not t.is_dynamic_dim(i)
-                        else _create("tensor.dim", [op.operands[0], index_constant(i)]) for i in range(t.rank)]
+                        else create_value("tensor.dim", [op.operands[0], index_constant(i)], ir.IndexType.get()) for i in range(t.rank)]
             if op.name == "shape.const_shape":
                 return [index_constant(int(x)) for x in ir.DenseIntElementsAttr(op.attributes["shape"])]
             if op.name == "shape.split_at":
-                whole, split = self.extents(op.operands[0], op), _constant(op.operands[1])
+                whole, split = self.extents(op.operands[0], op), int_constant(op.operands[1])
                 if whole is None or split is None:
                     return None
                 split = split + len(whole) if split < 0 else split
@@ -58,20 +58,9 @@ class _Resolver:
                 return self.extents(op.operands[0], op)
         if isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape and v.type.rank == 1:
             with ir.InsertionPoint(at), at.location:  # any other extent tensor of known length
-                return [_create("tensor.extract", [v, index_constant(i)], ir.RankedTensorType(v.type).element_type)
+                return [create_value("tensor.extract", [v, index_constant(i)], ir.RankedTensorType(v.type).element_type)
                         for i in range(v.type.shape[0])]
         return None
-
-
-def _create(name: str, operands: list[ir.Value], result: ir.Type | None = None, **attrs) -> ir.Value:
-    return ir.Operation.create(name, results=[result or ir.IndexType.get()], operands=operands, attributes=attrs).result
-
-
-def _constant(v: ir.Value) -> int | None:
-    if isinstance(v.owner, ir.Block) or operation(v.owner).name not in ("arith.constant", "shape.const_size"):
-        return None
-    op = operation(v.owner)
-    return ir.IntegerAttr(op.attributes["value"]).value
 
 
 def _broadcast(a: Extents, b: Extents) -> Extents:
@@ -83,13 +72,13 @@ def _broadcast(a: Extents, b: Extents) -> Extents:
         if x is None or y is None or x == y:
             out.append(y if x is None else x)
             continue
-        cx, cy = _constant(x), _constant(y)
+        cx, cy = int_constant(x), int_constant(y)
         if cx == 1 or cy == 1:
             out.append(y if cx == 1 else x)
         else:
-            is_one = _create("arith.cmpi", [x, index_constant(1)], ir.IntegerType.get_signless(1),
+            is_one = create_value("arith.cmpi", [x, index_constant(1)], ir.IntegerType.get_signless(1),
                              predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
-            out.append(_create("arith.select", [is_one, y, x], ir.IndexType.get()))
+            out.append(create_value("arith.select", [is_one, y, x], ir.IndexType.get()))
     return out
 
 
@@ -105,13 +94,13 @@ def resolve_ranked_shapes(module: ir.Module) -> None:
             continue
         with ir.InsertionPoint(op), op.location:
             if op.name == "shape.get_extent":
-                i = _constant(op.operands[1])
+                i = int_constant(op.operands[1])
                 if i is None or not isinstance(op.result.type, ir.IndexType):
                     continue
                 new = extents[i]
             else:
-                new = _create("tensor.from_elements", extents, ir.RankedTensorType.get([len(extents)], ir.IndexType.get()))
+                new = create_value("tensor.from_elements", extents, ir.RankedTensorType.get([len(extents)], ir.IndexType.get()))
                 if new.type != op.result.type:
-                    new = _create("tensor.cast", [new], op.result.type)
+                    new = create_value("tensor.cast", [new], op.result.type)
         op.result.replace_all_uses_with(new)
         op.erase()
