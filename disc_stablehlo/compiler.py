@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib
 import os
@@ -82,12 +81,12 @@ class CompiledFunction:
         """Per kernel of this function: calls, how many ran on the thread pool ("pool") and how
         many inline ("inline": the small-size version chosen from the real sizes), and total
         seconds; plus the library GEMM entries (counted over the whole process)."""
-        from .runtime import kernel_stats, ral
+        from .runtime import kernel_stats, ral, symbol_address
 
-        out = {k.name: kernel_stats(self._exe.address(k.name)) for k in self.kernels}
+        out = {k.name: kernel_stats(symbol_address(self._exe.lib, k.name)) for k in self.kernels}
         for name in ("disc_ral_gemm_f32", "disc_ral_gemm_f64"):
             if f"@{name}(" in self.llvm_ir:
-                out[name] = kernel_stats(ctypes.cast(getattr(ral(), name), ctypes.c_void_p).value)
+                out[name] = kernel_stats(symbol_address(ral(), name))
         return out
 
 
@@ -177,17 +176,19 @@ def _cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse
 def _compiler_digest() -> bytes:
     """The compiler's own sources (read once per process): a changed pass never reuses objects
     an older build compiled, version number or not."""
-    h = hashlib.sha256()
     root = os.path.dirname(os.path.abspath(__file__))
-    for folder, _, files in sorted(os.walk(root)):
-        for name in sorted(f for f in files if f.endswith(".py")):
-            with open(os.path.join(folder, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
-    return h.digest()
+    return _digest(sorted(os.path.join(folder, f) for folder, _, files in os.walk(root) for f in files if f.endswith(".py")))
 
 
 @functools.cache
 def _ral_digest() -> bytes:
     """The RAL build a cached object was linked against (read once per process)."""
-    with open(os.path.join(ral_library_dir(), RAL_LIBRARY), "rb") as f:
-        return hashlib.sha256(f.read()).digest()
+    return _digest([os.path.join(ral_library_dir(), RAL_LIBRARY)])
+
+
+def _digest(paths: list[str]) -> bytes:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read())
+    return h.digest()

@@ -62,6 +62,10 @@ class KernelStat(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("calls", "pool_calls", "ns")]
 
 
+def symbol_address(lib: ctypes.CDLL, symbol: str) -> int:
+    return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+
+
 def kernel_stats(address: int) -> dict[str, float]:
     """Calls of a kernel (or library entry) at `address`, those run on the thread pool and those
     run inline (the small-size version), and their total wall time in seconds."""
@@ -180,8 +184,6 @@ class Executable:
         self.assertions = assertions
         self.guard = NativeFunction(self.lib, "disc_guard", [1]) if assertions else None
 
-    def address(self, symbol: str) -> int:
-        return ctypes.cast(getattr(self.lib, symbol), ctypes.c_void_p).value
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.signature.check(arrays)

@@ -14,12 +14,13 @@ then generated), and records every decision for `shape_report()`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Callable
 
 from torch_mlir import ir
 
-from ..mlir_support import index_constant, int_list, location_text
+from ..mlir_support import create_value, index_constant, int_list, location_text
 from ..ops import ELEMENTWISE
 from .signature import Signature
 from .symbolic import Dim
@@ -564,20 +565,18 @@ def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
             if _is_var(c):
                 var_dim.setdefault(str(c), (arg, i))
     index = ir.IndexType.get()
-    const = index_constant
+
     def build(d: Dim) -> ir.Value | None:
         total = None
         for mono, coeff in sorted(d.terms.items()):
             if any(v not in var_dim for v in mono):
                 return None
-            term = const(coeff)
-            for v in mono:
-                arg, i = var_dim[v]
-                dim = ir.Operation.create("tensor.dim", results=[index], operands=[arg, const(i)]).result
-                term = dim if coeff == 1 and term is not None and len(mono) == 1 else \
-                    ir.Operation.create("arith.muli", results=[index], operands=[term, dim]).result
-            total = term if total is None else ir.Operation.create("arith.addi", results=[index], operands=[total, term]).result
-        return total if total is not None else const(0)
+            factors = [create_value("tensor.dim", [arg, index_constant(i)], index) for arg, i in (var_dim[v] for v in mono)]
+            if coeff != 1 or not factors:
+                factors.insert(0, index_constant(coeff))
+            term = functools.reduce(lambda a, b: create_value("arith.muli", [a, b], index), factors)
+            total = term if total is None else create_value("arith.addi", [total, term], index)
+        return total if total is not None else index_constant(0)
 
     for op in list(block.operations):
         op = op.operation
@@ -591,6 +590,5 @@ def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
             elems = [build(w.facts.canon(d)) for d in content]
             if any(e is None for e in elems):
                 continue
-            shape = ir.Operation.create("tensor.from_elements", results=[ir.RankedTensorType.get([len(elems)], index)],
-                                        operands=elems).result
+            shape = create_value("tensor.from_elements", elems, ir.RankedTensorType.get([len(elems)], index))
         op.operands[pos] = shape

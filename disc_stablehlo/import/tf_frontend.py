@@ -19,7 +19,7 @@ from torch_mlir import ir
 from ..bounded_dynamism import signature_from_function
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, new_context, walk
-from ..passes.lower import LoweringState
+from ..passes.lower import LoweringState, Text
 from . import Imported, find_entry, register_frontend
 
 
@@ -97,21 +97,20 @@ def _cumsum_function(name: str, op: ir.Operation) -> str | None:
     others = [d for d in range(rank) if d != axis]
     prod_type = f"tensor<{''.join(('?' if x_type.is_dynamic_dim(d) else str(x_type.shape[d])) + 'x' for d in others)}{n}x{elem}>"
     lines = [
-        f"%d = stablehlo.get_dimension_size %x, dim = {axis} : ({x_type}) -> tensor<i32>",
+        f"%d = stablehlo.get_dimension_size %a0, dim = {axis} : ({x_type}) -> tensor<i32>",
         "%d1 = stablehlo.reshape %d : (tensor<i32>) -> tensor<1xi32>",
         "%shape = stablehlo.concatenate %d1, %d1, dim = 0 : (tensor<1xi32>, tensor<1xi32>) -> tensor<2xi32>",
         f"%rows = stablehlo.dynamic_iota %shape, dim = 0 : (tensor<2xi32>) -> {idx}",
         f"%cols = stablehlo.dynamic_iota %shape, dim = 1 : (tensor<2xi32>) -> {idx}",
         f"%upper = stablehlo.compare LE, %rows, %cols : ({idx}, {idx}) -> {mask}",
         f"%ones = stablehlo.convert %upper : ({mask}) -> {tri}",
-        f"%p = stablehlo.dot_general %x, %ones, contracting_dims = [{axis}] x [0] : ({x_type}, {tri}) -> {prod_type}",
+        f"%p = stablehlo.dot_general %a0, %ones, contracting_dims = [{axis}] x [0] : ({x_type}, {tri}) -> {prod_type}",
     ]
     # the product puts the summed axis last; move it back
     perm = list(range(rank - 1))
     perm.insert(axis, rank - 1)
     lines += [f"%r = stablehlo.transpose %p, dims = {perm} : ({prod_type}) -> {r_type}", f"return %r : {r_type}"]
-    body = "\n  ".join(lines)
-    return f"func.func private @{name}(%x: {x_type}, %axis: {op.operands[1].type}) -> {r_type} {{\n  {body}\n}}"
+    return _function(name, op, lines)
 
 
 def _reshape_function(name: str, op: ir.Operation) -> str:
@@ -123,24 +122,31 @@ def _reshape_function(name: str, op: ir.Operation) -> str:
     scalar, mask = f"tensor<{elem}>", f"tensor<{k}xi1>"
     lines = [f"%one = stablehlo.constant dense<1> : {scalar}", "%n0 = stablehlo.constant dense<1> : " + scalar]
     for i in range(ir.RankedTensorType(x_type).rank):
-        lines += [f"%d{i} = stablehlo.get_dimension_size %x, dim = {i} : ({x_type}) -> tensor<i32>",
+        lines += [f"%d{i} = stablehlo.get_dimension_size %a0, dim = {i} : ({x_type}) -> tensor<i32>",
                   f"%e{i} = stablehlo.convert %d{i} : (tensor<i32>) -> {scalar}",
                   f"%n{i + 1} = stablehlo.multiply %n{i}, %e{i} : {scalar}"]
     n = f"%n{ir.RankedTensorType(x_type).rank}"
     lines += [
-        f"%p = stablehlo.reduce(%s init: %one) applies stablehlo.multiply across dimensions = [0] : ({s_type}, {scalar}) -> {scalar}",
+        f"%p = stablehlo.reduce(%a1 init: %one) applies stablehlo.multiply across dimensions = [0] : ({s_type}, {scalar}) -> {scalar}",
         f"%q = stablehlo.negate %p : {scalar}",
         f"%known = stablehlo.maximum %q, %one : {scalar}",
         f"%missing = stablehlo.divide {n}, %known : {scalar}",
         f"%fill = stablehlo.broadcast_in_dim %missing, dims = [] : ({scalar}) -> {s_type}",
         f"%minus = stablehlo.constant dense<-1> : {s_type}",
-        f"%is = stablehlo.compare EQ, %s, %minus : ({s_type}, {s_type}) -> {mask}",
-        f"%shape = stablehlo.select %is, %fill, %s : {mask}, {s_type}",
-        f"%r = stablehlo.dynamic_reshape %x, %shape : ({x_type}, {s_type}) -> {r_type}",
+        f"%is = stablehlo.compare EQ, %a1, %minus : ({s_type}, {s_type}) -> {mask}",
+        f"%shape = stablehlo.select %is, %fill, %a1 : {mask}, {s_type}",
+        f"%r = stablehlo.dynamic_reshape %a0, %shape : ({x_type}, {s_type}) -> {r_type}",
         f"return %r : {r_type}",
     ]
-    body = "\n  ".join(lines)
-    return f"func.func private @{name}(%x: {x_type}, %s: {s_type}) -> {r_type} {{\n  {body}\n}}"
+    return _function(name, op, lines)
+
+
+def _function(name: str, op: ir.Operation, lines: list[str]) -> str:
+    """A private function of the op's signature (operands %a0, %a1, ...) with `lines` as body."""
+    text = Text()
+    for line in lines:
+        text.emit(line)
+    return text.function(name, op)
 
 
 register_frontend(_is_tf, _from_tf)

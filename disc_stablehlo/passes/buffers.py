@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import index_constant, int_constant, operation, walk
+from ..mlir_support import create_value, index_constant, int_constant, operation, walk
 
 ARENA_ALIGNMENT = 64
 ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
@@ -129,7 +129,7 @@ def _freed_key(v: ir.Value, block: ir.Block) -> tuple | None:
 def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:
     t = ir.MemRefType(t)
     elem = _element_bytes(t.element_type)
-    if elem is None or not dynamic_sizes or "affine_map" in str(t) or "strided" in str(t):
+    if elem is None or not dynamic_sizes or not _identity_layout(t):
         return None
     static = elem
     for i in range(t.rank):
@@ -146,7 +146,7 @@ def _storage(buffer: ir.Value) -> ir.Value:
     with ir.InsertionPoint(op), op.location:
         nbytes = index_constant(key[0])
         for d in op.operands:
-            nbytes = ir.Operation.create("arith.muli", results=[nbytes.type], operands=[nbytes, d]).result
+            nbytes = create_value("arith.muli", [nbytes, d], nbytes.type)
         storage = _bytes(nbytes)
     view = _view(storage, op)
     buffer.replace_all_uses_with(view)
@@ -164,12 +164,10 @@ def _bytes(size: int | ir.Value) -> ir.Value:
         "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(operands), 0])}).result
 
 
-def _view(storage: ir.Value, alloc: ir.Operation) -> ir.Value:
-    """`alloc`'s buffer as a view at the start of `storage` (inserted before `alloc`)."""
+def _view(storage: ir.Value, alloc: ir.Operation, offset: int = 0) -> ir.Value:
+    """`alloc`'s buffer as a view of `storage` at byte `offset` (inserted before `alloc`)."""
     with ir.InsertionPoint(alloc), alloc.location:
-        zero = index_constant(0)
-        return ir.Operation.create("memref.view", results=[alloc.result.type],
-                                   operands=[storage, zero, *alloc.operands]).result
+        return create_value("memref.view", [storage, index_constant(offset), *alloc.operands], alloc.result.type)
 
 
 _INTERVAL_OPS = {
@@ -204,6 +202,11 @@ def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, depth: 
     return None
 
 
+def _identity_layout(t: ir.MemRefType) -> bool:
+    """Views of byte buffers (`memref.view`) need the identity layout (printed only when not)."""
+    return "affine_map" not in str(t) and "strided" not in str(t)
+
+
 def _element_bytes(t: ir.Type) -> int | None:
     if isinstance(t, ir.ComplexType):
         inner = _element_bytes(t.element_type)
@@ -218,7 +221,7 @@ def _element_bytes(t: ir.Type) -> int | None:
 def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis) -> int | None:
     t = ir.MemRefType(alloc.result.type)
     size = _element_bytes(t.element_type)
-    if size is None or "affine_map" in str(t) or "strided" in str(t):  # views need the identity layout
+    if size is None or not _identity_layout(t):
         return None
     dynamic = iter(alloc.operands)
     for i in range(t.rank):
@@ -262,11 +265,7 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
     with ir.InsertionPoint.at_block_begin(block), entry.location:
         arena = _bytes(total)
     for _, _, offset, _, alloc, dealloc in placed:
-        with ir.InsertionPoint(alloc), alloc.location:
-            shift = index_constant(offset)
-            view = ir.Operation.create("memref.view", results=[alloc.result.type],
-                                       operands=[arena, shift, *alloc.operands])
-        alloc.result.replace_all_uses_with(view.result)
+        alloc.result.replace_all_uses_with(_view(arena, alloc, offset))
         dealloc.erase()
         alloc.erase()
     terminator = list(block.operations)[-1]
