@@ -61,10 +61,25 @@ def walk(op: ir.Operation) -> Iterator[ir.Operation]:
 _FRAME_RE = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
 
 
+_FACTS_RE = re.compile(r'fused<\[((?:"[^"]*"(?:, )?)*)\]>')
+
+
+def tag_facts(op: ir.Operation, facts: list[str]) -> None:
+    """Records in the op's location the shape facts its code relies on: locations survive every
+    rewrite (ops created from an op take its location; fusion keeps the ops of a body), so the
+    kernels an op ends up in can say which facts they rely on (`facts_relied_on`)."""
+    if facts:
+        op.location = ir.Location.fused([op.location], ir.ArrayAttr.get([ir.StringAttr.get(f) for f in facts]))
+
+
+def facts_relied_on(op: ir.Operation) -> list[str]:
+    return [f for group in _FACTS_RE.findall(str(op.location)) for f in re.findall(r'"([^"]*)"', group)]
+
+
 def location_text(op: ir.Operation) -> str:
     """The op's name in the source and its innermost source line (JAX records whole call
     stacks, test runners included; only the first frame helps a user)."""
-    text = str(op.location).removeprefix("loc(").removesuffix(")")
+    text = _FACTS_RE.sub("fused", str(op.location).removeprefix("loc(").removesuffix(")"))
     name = re.match(r'(?:fused\[)?"([^"]*)"', text)
     frame = _FRAME_RE.search(text)
     if frame is None:

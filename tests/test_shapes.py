@@ -178,17 +178,35 @@ def test_disc_log_shapes_prints_the_report(monkeypatch, capsys):
 
 
 def test_facts_are_saved_in_and_loaded_from_the_ir(tmp_path, monkeypatch):
+    """Facts over the arguments' dims are shape-dialect constraints (cstr_eq, cstr_require under
+    one assuming) in a function of their own; a module that carries that function gets the facts
+    back, guarded, without being told the constraints again. Facts on intermediates are an
+    attribute."""
     import glob
 
+    body = """func.func @main(%x: tensor<?x?xf32>, %y: tensor<?x?xf32>) -> tensor<?x?xf32> {
+      %0 = stablehlo.add %x, %y : tensor<?x?xf32>
+      return %0 : tensor<?x?xf32>
+    }"""
     monkeypatch.setenv("DISC_SAVE_TEMPS", str(tmp_path))
-    disc.compile("""func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
-      %0 = stablehlo.negate %x : tensor<?x4xf32>
-      return %0 : tensor<?x4xf32>
-    }""", constraints=["arg0.0 >= 2"])
+    disc.compile(body, constraints=["arg0.0 >= 2", "mod(arg0.1, 8) == 0"])
     saved = open(glob.glob(str(tmp_path / "after_guard_clean-up*.mlir"))[0]).read()
-    assert 'disc.shape_facts = ["arg0.0 >= 2 [user]"]' in saved
-    assert 'disc.symbolic_dims = ["arg0.0", "4"]' in saved
+    function = re.search(r"  func.func @disc_shape_constraints.*?\n  }\n", saved, re.S).group(0)
+    assert 'shape.cstr_require %3, "arg0.0 >= 2" {disc.source = "user"}' in function
+    assert re.search(r"arith.remsi %\d+, %c8 : index", function) and "shape.cstr_eq" in function
+    assert re.search(r"shape.assuming_all( %\d+,){3} %\d+\n", function)  # 2 user facts, 2 from the add's operands
+    assert 'disc.symbolic_dims = ["arg0.0", "arg0.1"]' in function
     monkeypatch.delenv("DISC_SAVE_TEMPS")
+    reloaded = disc.compile("module {\n" + function + body + "\n}")
+    report = reloaded.shape_report()
+    assert "arg0.0 >= 2  [user]" in report and "mod(arg0.1, 8) == 0  [user]" in report
+    assert "arg0 dim 1 (arg0.1) is divisible by 8" in report
+    for bad, message in (((1, 8), "'arg0.0 >= 2' (user) violated: arg0.0 = 1"),
+                         ((3, 7), "'mod(arg0.1, 8) == 0' (user) violated: arg0.1 = 7")):
+        with pytest.raises(disc.ShapeError, match=re.escape(message)):
+            reloaded(np.ones(bad, np.float32), np.ones(bad, np.float32))
+    x = np.arange(24, dtype=np.float32).reshape(3, 8)
+    np.testing.assert_array_equal(reloaded(x, x), 2 * x)
     f = disc.compile("""module attributes {disc.shape_facts = ["arg0.0 >= 3 [an earlier compile]"]} {
       func.func @main(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
         %0 = stablehlo.negate %x : tensor<?x4xf32>
@@ -269,12 +287,38 @@ def test_bounded_dims_get_an_arena_planned_once():
     bounded = disc.compile(_gemm_then_gemm, *specs, constraints=["n <= 64"])
     unbounded = disc.compile(_gemm_then_gemm, *specs)
     assert re.search(r"@main: [1-9]\d* buffer\(s\) of bounded size placed in an arena", bounded.shape_report())
+    assert re.search(r"@main: buffer memref<1x\?x8xf32> at arena offset \d+ \(2048 bytes at most\) relies on n <= 64",
+                     bounded.shape_report())
     for n in (1, 7, 64):
         args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(n, 8), (n, 8), (8, 8)])]
         np.testing.assert_allclose(bounded(*args), _gemm_then_gemm(*args), rtol=1e-5)
         assert _allocations_per_call(bounded, *args) < _allocations_per_call(unbounded, *args)
     with pytest.raises(disc.ShapeError, match="'n <= 64'"):
         bounded(*[np.ones(s, np.float32) for s in [(65, 8), (65, 8), (8, 8)]])
+
+
+def test_kernels_say_which_facts_they_rely_on():
+    """y's dim equals x's dim 1 only by a user constraint: the broadcast is proven non-expanding
+    and the fused kernel says it relies on that fact; without the fact the broadcast is checked
+    at run time (two versions) and no kernel relies on anything."""
+    text = """func.func @main(%x: tensor<?x?xf32>, %y: tensor<?xf32>) -> tensor<?x?xf32> {
+      %s = shape.shape_of %x : tensor<?x?xf32> -> tensor<2xindex>
+      %b = stablehlo.dynamic_broadcast_in_dim %y, %s, dims = [1] : (tensor<?xf32>, tensor<2xindex>) -> tensor<?x?xf32>
+      %0 = stablehlo.add %x, %b : tensor<?x?xf32>
+      %1 = stablehlo.exponential %0 : tensor<?x?xf32>
+      return %1 : tensor<?x?xf32>
+    }"""
+    proven = disc.compile(text, constraints=["arg1.0 == arg0.1"])
+    assert [(k.kind, k.relies_on) for k in proven.kernels] == [("elementwise", ("arg1.0 == arg0.1",))]
+    assert "non-expanding [0], expanding [], checked at run time []; relies on arg1.0 == arg0.1" in proven.shape_report()
+    checked = disc.compile(text)
+    assert sorted(k.version for k in checked.kernels) == ["broadcast-free", "general"]
+    assert all(k.relies_on == () for k in checked.kernels)
+    x, y = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32), np.arange(4, dtype=np.float32)
+    for f in (proven, checked):
+        np.testing.assert_allclose(f(x, y), np.exp(x + y), rtol=1e-6)
+    with pytest.raises(disc.ShapeError, match=re.escape("'arg1.0 == arg0.1' (user) violated")):
+        proven(x, np.ones(3, np.float32))
 
 
 def test_divisibility_reaches_the_loops():
@@ -285,6 +329,8 @@ def test_divisibility_reaches_the_loops():
 
     f = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"), constraints=["mod(s, 16) == 0"])
     assert "args[0] dim 1 (s) is divisible by 16" in f.shape_report()
+    assert [k.relies_on for k in f.kernels] == [("s divisible by 16",)]  # the bound of the softmax's inner loops
+    assert re.search(r"__disc_par_\d+ \(stitch fusion\) relies on s divisible by 16", f.shape_report())
     assert "and i64" in f.llvm_ir and ", -16" in f.llvm_ir
     for shape in [(1, 16), (3, 48), (2, 160)]:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, index_constant, int_list, location_text
+from ..mlir_support import create_value, index_constant, int_list, location_text, operation, tag_facts
 from ..ops import ELEMENTWISE
 from .signature import Signature
 from .symbolic import Dim
@@ -254,6 +254,36 @@ def _get_dimension_size(w: _Walker, op: ir.Operation):
     return [[]]
 
 
+@_rule("tensor.dim")
+def _tensor_dim(w: _Walker, op: ir.Operation):
+    index = w.content.get(op.operands[1])
+    if index is not None and index[0].constant is not None and isinstance(op.operands[0].type, ir.RankedTensorType):
+        w.content[op.result] = [w.of(op.operands[0])[index[0].constant]]
+    return [[]]
+
+
+@_rule("tensor.from_elements")
+def _from_elements(w: _Walker, op: ir.Operation):
+    contents = [w.content.get(v) for v in op.operands]
+    if all(c is not None for c in contents):
+        w.content[op.result] = [d for c in contents for d in c]
+    return None
+
+
+@_rule("arith.constant")
+def _arith_constant(w: _Walker, op: ir.Operation):
+    if isinstance(op.result.type, (ir.IndexType, ir.IntegerType)):
+        w.content[op.result] = [Dim.const(ir.IntegerAttr(op.attributes["value"]).value)]
+    return None
+
+
+@_rule("arith.index_cast")
+def _index_cast(w: _Walker, op: ir.Operation):
+    if (c := w.content.get(op.operands[0])) is not None:
+        w.content[op.result] = c
+    return None
+
+
 @_rule("stablehlo.reshape")
 def _reshape(w: _Walker, op: ir.Operation):
     c = w.content.get(op.operands[0])
@@ -296,7 +326,7 @@ def _dynamic_broadcast(w: _Walker, op: ir.Operation):
         if w.facts.equal(in_dims[i], out[od]):
             nonexp.append(i)
             if in_dims[i] != out[od]:
-                reasons.append(f"dim {i}: {in_dims[i]} == {out[od]}")
+                reasons.append(f"{in_dims[i]} == {out[od]}")
         elif w.facts.is_one(in_dims[i]):
             exp.append(i)
         else:
@@ -304,6 +334,7 @@ def _dynamic_broadcast(w: _Walker, op: ir.Operation):
     op.attributes["known_nonexpanding_dimensions"] = ir.DenseI64ArrayAttr.get(nonexp)
     op.attributes["known_expanding_dimensions"] = ir.DenseI64ArrayAttr.get(exp)
     w.broadcasts.append(BroadcastDecision(location_text(op), nonexp, exp, checked, reasons))
+    _relies_on(op, reasons)
     return [out]
 
 
@@ -332,10 +363,20 @@ def _dims_from_shape_operand(w: _Walker, op: ir.Operation):
         before, after = (w.facts.canon(_product(dims)) for dims in (w.of(op.operands[0]), out))
         if before != after:
             w.facts.facts.append(Fact(f"{before} == {after}", "dynamic_reshape keeps the element count"))
-        groups = _reassociation(w.facts, w.of(op.operands[0]), out)
+        src = w.of(op.operands[0])
+        groups = _reassociation(w.facts, src, out)
         if groups is not None:
             op.attributes[REASSOCIATION_ATTR] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(g) for g in groups])
+            short, long_ = (src, out) if len(src) <= len(out) else (out, src)
+            _relies_on(op, [f"{d} == {p}" for d, g in zip(short, groups) if d != (p := _product([long_[j] for j in g]))])
     return [out] if out is not None else None
+
+
+def _relies_on(op: ir.Operation, facts: list[str]) -> None:
+    """The op's code and its users' (which index through it) rely on the facts."""
+    tag_facts(op, facts)
+    for use in op.result.uses:
+        tag_facts(operation(use.owner), facts)
 
 
 REASSOCIATION_ATTR = "disc.reassociation"  # on a dynamic_reshape proven to only split or merge dims
@@ -397,31 +438,6 @@ def _dot_general(w: _Walker, op: ir.Operation):
 @_rule("stablehlo.select")
 def _select(w: _Walker, op: ir.Operation):
     return [_same_shape(w, list(op.operands[1:]) + ([op.operands[0]] if op.operands[0].type.rank else []), "select operands")]
-
-
-FACTS_ATTR = "disc.shape_facts"      # module: ["s >= 8 [user]", "arg0.0 == arg1.0 [op semantics]", ...]
-DIMS_ATTR = "disc.symbolic_dims"     # entry argument: ["b", "s", "8"]
-
-
-def save_to_ir(module: ir.Module, entry: ir.Operation, analysis: ShapeAnalysis) -> None:
-    """Writes the facts (module attribute) and the arguments' symbolic dims (argument
-    attributes) into the IR: attributes survive every pass and travel with a saved module."""
-    module.operation.attributes[FACTS_ATTR] = ir.ArrayAttr.get(
-        [ir.StringAttr.get(f"{f.text} [{f.source}]") for f in analysis.facts.facts])
-    attrs = [ir.DictAttr.get({DIMS_ATTR: ir.ArrayAttr.get([ir.StringAttr.get(str(analysis.facts.canon(d))) for d in dims])})
-             for _, dims in analysis.args]
-    entry.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
-
-
-def load_from_ir(module: ir.Module, facts: ShapeFacts) -> None:
-    """Reads back facts a module carries (a module compiled before and saved)."""
-    from .constraints import Constraint, record_fact
-
-    if FACTS_ATTR not in module.operation.attributes:
-        return
-    for item in ir.ArrayAttr(module.operation.attributes[FACTS_ATTR]):
-        text, _, source = ir.StringAttr(item).value.rpartition(" [")
-        record_fact(facts, Constraint(text, source.rstrip("]")))
 
 
 def _ceildiv(a: Dim, k: Dim) -> Dim | None:

@@ -15,7 +15,8 @@ import re
 from torch_mlir import ir
 
 from ..errors import CompileError
-from .analysis import Fact, ShapeFacts
+from ..mlir_support import int_constant, walk
+from .analysis import Fact, ShapeAnalysis, ShapeFacts
 from .signature import Signature
 from .symbolic import Dim, parse_constraint, split_atom
 
@@ -63,12 +64,37 @@ def bounds_constraints(signature: Signature, arg_types: list[ir.Type]) -> list[C
     return found
 
 
-class _Emitter:
-    """Builds i64 scalar StableHLO for dim expressions from argument dims."""
+@dataclasses.dataclass(frozen=True)
+class _Form:
+    """How dim values are spelled: i64 StableHLO scalars (the guard) or shape-dialect extents
+    (the constraint function)."""
+    scalar: str
+    ops: dict[str, str]
+    const: str
+    extent: tuple[str, ...]  # lines reading argument k's dim j ({k}, {j}, {t}: its type, {r}: its rank); the last is the value
 
-    def __init__(self, signature: Signature):
+
+_HLO = _Form("tensor<i64>", {"add": "stablehlo.add", "sub": "stablehlo.subtract", "mul": "stablehlo.multiply",
+                             "floordiv": "stablehlo.divide", "mod": "stablehlo.remainder", "max": "stablehlo.maximum",
+                             "min": "stablehlo.minimum"},
+             "stablehlo.constant dense<{k}> : tensor<i64>",
+             ("stablehlo.get_dimension_size %a{k}, dim = {j} : ({t}) -> tensor<i32>",
+              "stablehlo.convert {0} : (tensor<i32>) -> tensor<i64>"))
+_SHAPE = _Form("index", {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "floordiv": "arith.floordivsi",
+                         "mod": "arith.remsi", "max": "arith.maxsi", "min": "arith.minsi"},
+               "arith.constant {k} : index",
+               ("shape.shape_of %a{k} : {t} -> tensor<{r}xindex>", "arith.constant {j} : index",
+                "shape.get_extent {0}, {1} : tensor<{r}xindex>, index -> index"))
+
+
+class _Emitter:
+    """Builds scalar values of dim expressions from argument dims, in one `_Form`."""
+
+    def __init__(self, signature: Signature, arg_types: list[ir.Type], form: _Form):
         self.lines: list[str] = []
         self.n = 0
+        self.form = form
+        self.arg_types = arg_types
         # variable -> (argument, dim, k, c) where that dim's size is k*variable + c
         self.sources: dict[str, tuple[int, int, int, int]] = {}
         for k, spec in enumerate(signature.args):
@@ -86,37 +112,49 @@ class _Emitter:
         return f"%e{self.n}"
 
     def const(self, k: int) -> str:
-        return self.value(f"stablehlo.constant dense<{k}> : tensor<i64>")
+        return self.value(self.form.const.format(k=k))
 
-    def var(self, name: str, arg_types: list[ir.Type]) -> str:
+    def binary(self, op: str, a: str, b: str) -> str:
+        return self.value(f"{self.form.ops[op]} {a}, {b} : {self.form.scalar}")
+
+    def expressible(self, d: Dim) -> bool:
+        """Whether every variable of `d` (also inside mod(...) and the like) is an argument's dim."""
+        for v in d.variables:
+            atom = split_atom(v)
+            if not (self.expressible(atom[1]) and self.expressible(atom[2]) if atom else v in self.sources):
+                return False
+        return True
+
+    def var(self, name: str) -> str:
         if name in self.cache:
             return self.cache[name]
         atom = split_atom(name)
         if atom is not None:
-            fn, a, b = atom[0], self.dim(atom[1], arg_types), self.dim(atom[2], arg_types)
-            op = {"mod": "remainder", "floordiv": "divide", "max": "maximum", "min": "minimum"}[fn]
-            v = self.value(f"stablehlo.{op} {a}, {b} : tensor<i64>")
+            v = self.binary(atom[0], self.dim(atom[1]), self.dim(atom[2]))
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]
-            size = self.value(f"stablehlo.get_dimension_size %a{k}, dim = {j} : ({arg_types[k]}) -> tensor<i32>")
-            v = self.value(f"stablehlo.convert {size} : (tensor<i32>) -> tensor<i64>")
+            t = self.arg_types[k]
+            read: list[str] = []
+            for line in self.form.extent:
+                read.append(self.value(line.format(*read, k=k, j=j, t=t, r=ir.ShapedType(t).rank)))
+            v = read[-1]
             if const:
-                v = self.value(f"stablehlo.subtract {v}, {self.const(const)} : tensor<i64>")
+                v = self.binary("sub", v, self.const(const))
             if coeff != 1:
-                v = self.value(f"stablehlo.divide {v}, {self.const(coeff)} : tensor<i64>")
+                v = self.binary("floordiv", v, self.const(coeff))
         else:
             raise CompileError(f"constraint uses '{name}', which is not a dimension variable of the arguments "
                                f"(known: {', '.join(sorted(self.sources)) or 'none'})")
         self.cache[name] = v
         return v
 
-    def dim(self, d: Dim, arg_types: list[ir.Type]) -> str:
+    def dim(self, d: Dim) -> str:
         total = None
         for mono, coeff in d.terms.items():
             term = self.const(coeff)
             for v in mono:
-                term = self.value(f"stablehlo.multiply {term}, {self.var(v, arg_types)} : tensor<i64>")
-            total = term if total is None else self.value(f"stablehlo.add {total}, {term} : tensor<i64>")
+                term = self.binary("mul", term, self.var(v))
+            total = term if total is None else self.binary("add", total, term)
         return total if total is not None else self.const(0)
 
 
@@ -124,14 +162,14 @@ def add_constraint_guards(module: ir.Module, entry: ir.Operation, signature: Sig
     """Adds a shape assertion per constraint at the top of the entry function."""
     if not constraints:
         return
-    arg_types = list(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
-    em = _Emitter(signature)
+    arg_types = _arg_types(entry)
+    em = _Emitter(signature, arg_types, _HLO)
     for c in constraints:
         lhs, op, rhs = parse_constraint(c.text)
         names = sorted({n for n in re.findall(r"[A-Za-z_][\w.]*", c.text) if n in em.sources}
                        or (lhs.variables | rhs.variables))  # the dims read, also inside mod(...) and the like
-        operands = [em.var(n, arg_types) for n in names]
-        cond = em.value(f"stablehlo.compare {_CMP[op]}, {em.dim(lhs, arg_types)}, {em.dim(rhs, arg_types)}, SIGNED "
+        operands = [em.var(n) for n in names]
+        cond = em.value(f"stablehlo.compare {_CMP[op]}, {em.dim(lhs)}, {em.dim(rhs)}, SIGNED "
                         ": (tensor<i64>, tensor<i64>) -> tensor<i1>")
         where = "; ".join(f"{n} is argument '{signature.args[em.sources[n][0]].name}' dim {em.sources[n][1]}"
                           for n in names if n in em.sources)
@@ -148,3 +186,115 @@ def add_constraint_guards(module: ir.Module, entry: ir.Operation, signature: Sig
     with ir.InsertionPoint.at_block_begin(block), entry.location:
         ir.Operation.create("func.call", operands=list(block.arguments),
                             attributes={"callee": ir.FlatSymbolRefAttr.get("__disc_constraints")})
+
+
+def _arg_types(func: ir.Operation) -> list[ir.Type]:
+    return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
+
+
+# The facts live in the IR. Those over the arguments' dims are shape-dialect constraints in a
+# function of their own (`shape.cstr_eq` of extents, `shape.cstr_require` of comparisons, all
+# combined by `shape.assuming_all` and guarding, through `shape.assuming`, the extents it
+# returns); the others (they name intermediates' symbols) are a module attribute.
+CONSTRAINT_FUNCTION = "disc_shape_constraints"
+FACTS_ATTR = "disc.shape_facts"      # module: ["b*s == 4*#reshape3 [dynamic_reshape keeps the element count]", ...]
+DIMS_ATTR = "disc.symbolic_dims"     # the constraint function's arguments: ["b", "s", "8"]
+SOURCE_ATTR = "disc.source"          # on each shape.cstr_*: where the fact comes from
+_PREDICATES = {"==": "eq", "!=": "ne", ">=": "sge", "<=": "sle", ">": "sgt", "<": "slt"}
+_PREDICATE_NAMES = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]  # arith.cmpi's enum order
+
+
+def constraint_function(module: ir.Module) -> ir.Operation | None:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == CONSTRAINT_FUNCTION:
+            return op.operation
+    return None
+
+
+def save_to_ir(module: ir.Module, entry: ir.Operation, signature: Signature, analysis: ShapeAnalysis) -> None:
+    """Writes the facts into the IR (replacing what was there): the shape-dialect constraint
+    function and the module attribute."""
+    if (old := constraint_function(module)) is not None:
+        old.erase()
+    arg_types = _arg_types(entry)
+    em = _Emitter(signature, arg_types, _SHAPE)
+    witnesses, rest = [], []
+    for fact in analysis.facts.facts:
+        try:
+            lhs, op, rhs = parse_constraint(fact.text)
+        except CompileError:  # names an intermediate's symbol ('#')
+            lhs = op = rhs = None
+        if op is None or not (em.expressible(lhs) and em.expressible(rhs)):
+            rest.append(ir.StringAttr.get(f"{fact.text} [{fact.source}]"))
+            continue
+        source = f'{{{SOURCE_ATTR} = "{fact.source}"}}'
+        a, b = em.dim(lhs), em.dim(rhs)
+        if op == "==":
+            sa, sb = (em.value(f"shape.from_extents {x} : index") for x in (a, b))
+            witnesses.append(em.value(f'"shape.cstr_eq"({sa}, {sb}) {source} : (!shape.shape, !shape.shape) -> !shape.witness'))
+        else:
+            cond = em.value(f"arith.cmpi {_PREDICATES[op]}, {a}, {b} : index")
+            witnesses.append(em.value(f'"shape.cstr_require"({cond}) {{msg = "{fact.text}", {SOURCE_ATTR} = "{fact.source}"}} '
+                                      ": (i1) -> !shape.witness"))
+    extents = [em.var(v) for v in sorted(em.sources)]
+    all_ = em.value(f"shape.assuming_all {', '.join(witnesses)}") if witnesses else em.value("shape.const_witness true")
+    types = ", ".join(["index"] * len(extents))
+    results = f"%guarded:{len(extents)} = " if extents else ""
+    em.lines.append(f"{results}shape.assuming {all_} -> ({types}) {{\n    shape.assuming_yield {', '.join(extents)}"
+                    f"{' : ' + types if extents else ''}\n  }}")
+    returned = ", ".join(f"%guarded#{i}" for i in range(len(extents)))
+    em.lines.append(f"return {returned}{' : ' + types if extents else ''}")
+    params = ", ".join(f"%a{i}: {t} {{{DIMS_ATTR} = [{', '.join(chr(34) + str(analysis.facts.canon(d)) + chr(34) for d in dims)}]}}"
+                       for i, (t, (_, dims)) in enumerate(zip(arg_types, analysis.args)))
+    text = (f"func.func @{CONSTRAINT_FUNCTION}({params}) -> ({types}) {{\n  " + "\n  ".join(em.lines) + "\n}")
+    parsed = ir.Module.parse(text)  # must outlive the move
+    parsed.body.operations[0].operation.move_before(entry)
+    module.operation.attributes[FACTS_ATTR] = ir.ArrayAttr.get(rest)
+
+
+_ARITH = {"arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b}
+_BY_CONSTANT = {"arith.floordivsi": Dim.floordiv, "arith.remsi": Dim.mod}
+
+
+def load_from_ir(module: ir.Module, signature: Signature) -> tuple[list[Constraint], list[Constraint]]:
+    """Reads back the facts a module carries (one compiled before and saved) and removes them:
+    the constraint function's ops, evaluated over this signature's dims (constraints on the
+    arguments, guarded like the user's), and the module attribute (facts on intermediates)."""
+    found: list[Constraint] = []
+    if (func := constraint_function(module)) is not None:
+        value: dict[ir.Value, Dim | list[Dim]] = {}
+        compare: dict[ir.Value, tuple[Dim, str, Dim]] = {}
+        ops = {v: k for k, v in _PREDICATES.items()}
+        for op in walk(func):
+            name, known = op.name, [value.get(v) for v in op.operands]
+            if name == "shape.shape_of" and isinstance(op.operands[0].owner, ir.Block):
+                value[op.result] = [Dim.of(d) for d in signature.args[op.operands[0].arg_number].shape]
+            elif name == "arith.constant" and isinstance(op.result.type, ir.IndexType):
+                value[op.result] = Dim.const(int_constant(op.result))
+            elif name == "shape.get_extent" and None not in known and known[1].constant is not None:
+                value[op.result] = known[0][known[1].constant]
+            elif name in _ARITH and None not in known:
+                value[op.result] = _ARITH[name](*known)
+            elif name in _BY_CONSTANT and None not in known and known[1].constant:
+                value[op.result] = _BY_CONSTANT[name](known[0], known[1].constant)
+            elif name == "shape.from_extents" and None not in known:
+                value[op.result] = list(known)
+            elif name == "shape.const_shape":  # canonicalization folds extents that are constants
+                value[op.result] = [Dim.const(int(v)) for v in ir.DenseIntElementsAttr(op.attributes["shape"])]
+            elif name == "arith.cmpi" and None not in known:
+                compare[op.result] = (known[0], ops[_PREDICATE_NAMES[ir.IntegerAttr(op.attributes["predicate"]).value]], known[1])
+            elif name in ("shape.cstr_eq", "shape.cstr_require"):
+                source = ir.StringAttr(op.attributes[SOURCE_ATTR]).value if SOURCE_ATTR in op.attributes else "saved module"
+                if name == "shape.cstr_eq" and None not in known:
+                    found += [Constraint(f"{a} == {b}", source) for a, b in zip(known[0], known[1]) if a != b]
+                elif name == "shape.cstr_require" and op.operands[0] in compare:
+                    lhs, cmp, rhs = compare[op.operands[0]]
+                    found.append(Constraint(f"{lhs} {cmp} {rhs}", source))
+        func.erase()
+    facts = []
+    if FACTS_ATTR in module.operation.attributes:
+        for item in ir.ArrayAttr(module.operation.attributes[FACTS_ATTR]):
+            text, _, source = ir.StringAttr(item).value.rpartition(" [")
+            facts.append(Constraint(text, source.rstrip("]")))
+        del module.operation.attributes[FACTS_ATTR]
+    return found, facts

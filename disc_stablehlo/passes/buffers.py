@@ -181,8 +181,9 @@ _INTERVAL_OPS = {
 }
 
 
-def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, depth: int = 0) -> tuple[int, int] | None:
-    """Bounds of an index value computed from constants and argument dims; None if unknown."""
+def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, used: set[str], depth: int = 0) -> tuple[int, int] | None:
+    """Bounds of an index value computed from constants and argument dims (the dimension
+    variables whose bounds it takes are added to `used`); None if unknown."""
     if isinstance(v.owner, ir.Block) or depth > 32:
         return None
     if (c := int_constant(v)) is not None:
@@ -191,13 +192,15 @@ def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, depth: 
     if op.name == "memref.dim":
         src, index = op.operands
         if (isinstance(src.owner, ir.Block) and src.owner == entry_block and src.arg_number < len(shapes.args)
-                and (i := _interval(index, entry_block, shapes, depth + 1)) is not None):
-            return shapes.facts.range(shapes.args[src.arg_number][1][i[0]])
+                and (i := _interval(index, entry_block, shapes, used, depth + 1)) is not None):
+            dim = shapes.facts.canon(shapes.args[src.arg_number][1][i[0]])
+            used.update(dim.variables)
+            return shapes.facts.range(dim)
         return None
     if op.name in ("arith.index_cast", "arith.index_castui"):
-        return _interval(op.operands[0], entry_block, shapes, depth + 1)
+        return _interval(op.operands[0], entry_block, shapes, used, depth + 1)
     if op.name in _INTERVAL_OPS:
-        a, b = (_interval(x, entry_block, shapes, depth + 1) for x in op.operands)
+        a, b = (_interval(x, entry_block, shapes, used, depth + 1) for x in op.operands)
         return None if a is None or b is None else _INTERVAL_OPS[op.name](a, b)
     return None
 
@@ -218,7 +221,7 @@ def _element_bytes(t: ir.Type) -> int | None:
     return None
 
 
-def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis) -> int | None:
+def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis, used: set[str]) -> int | None:
     t = ir.MemRefType(alloc.result.type)
     size = _element_bytes(t.element_type)
     if size is None or not _identity_layout(t):
@@ -226,7 +229,7 @@ def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalys
     dynamic = iter(alloc.operands)
     for i in range(t.rank):
         if t.is_dynamic_dim(i):
-            bounds = _interval(next(dynamic), entry_block, shapes)
+            bounds = _interval(next(dynamic), entry_block, shapes, used)
             if bounds is None:
                 return None
             size *= max(bounds[1], 0)
@@ -235,9 +238,9 @@ def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalys
     return size
 
 
-def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
-    """Places the entry block's bounded buffers (those it frees itself) in one arena; returns
-    (buffers placed, arena bytes)."""
+def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> None:
+    """Places the entry block's bounded buffers (those it frees itself) in one arena; what it
+    placed, and on which bounds each dynamically sized buffer relies, goes to `shapes.uses`."""
     block = entry.regions[0].blocks[0]
     ops = [op.operation for op in block.operations]
     frees: dict[ir.Value, tuple[int, ir.Operation]] = {}  # buffer -> where the block frees it
@@ -245,11 +248,14 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
         if op.name == "memref.dealloc":
             frees[op.operands[0]] = (i, op)
     placed: list[tuple[int, int, int, int, ir.Operation, ir.Operation]] = []  # start, end, offset, size, alloc, dealloc
+    name = ir.StringAttr(entry.attributes["sym_name"]).value
+    relied: list[str] = []
     for start, op in enumerate(ops):
         if op.name != "memref.alloc" or op.result not in frees:
             continue
         end, dealloc = frees[op.result]
-        size = _upper_bytes(op, block, shapes)
+        used: set[str] = set()
+        size = _upper_bytes(op, block, shapes, used)
         if size is None or size > ARENA_BUFFER_LIMIT:
             continue
         size = max(-(-size // ARENA_ALIGNMENT) * ARENA_ALIGNMENT, ARENA_ALIGNMENT)
@@ -259,9 +265,13 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
                 break
             offset = max(offset, o + s)
         placed.append((start, end, offset, size, op, dealloc))
+        if used:
+            bounds = ", ".join(f"{v} <= {shapes.facts.upper[v]}" for v in sorted(used))
+            relied.append(f"@{name}: buffer {op.result.type} at arena offset {offset} ({size} bytes at most) relies on {bounds}")
+    total = max((p[2] + p[3] for p in placed), default=0)
+    shapes.uses += [f"@{name}: {len(placed)} buffer(s) of bounded size placed in an arena of {total} bytes"] + relied
     if not placed:
-        return 0, 0
-    total = max(p[2] + p[3] for p in placed)
+        return
     with ir.InsertionPoint.at_block_begin(block), entry.location:
         arena = _bytes(total)
     for _, _, offset, _, alloc, dealloc in placed:
@@ -271,4 +281,3 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> tuple[int, int]:
     terminator = list(block.operations)[-1]
     with ir.InsertionPoint(terminator), entry.location:
         ir.Operation.create("memref.dealloc", operands=[arena])
-    return len(placed), total

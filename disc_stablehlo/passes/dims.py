@@ -12,7 +12,7 @@ import math
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import create_value, index_constant, int_constant, walk
+from ..mlir_support import create_value, index_constant, int_constant, operation, tag_facts, walk
 
 
 def _argument_dim_reads(entry: ir.Operation, shapes: ShapeAnalysis) -> list[tuple[ir.Operation, int, int]]:
@@ -48,6 +48,8 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
                 new = create_value("tensor.dim", [block.arguments[ra], index_constant(ri)], ir.IndexType.get())
             else:
                 continue
+        if (named := shapes.args[a][1][i]) != d:  # equal by a fact, not by name
+            tag_facts(operation(new.owner), [f"{named} == {d}"])
         what = f"constant {d.constant}" if d.constant is not None else f"{shapes.args[ra][0]} dim {ri}"
         shapes.uses.append(f"{shapes.args[a][0]} dim {i} ({d}) read as {what}")
         op.result.replace_all_uses_with(new)
@@ -82,6 +84,7 @@ def expose_divisibility(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
             continue
         with ir.InsertionPoint.after(op), op.location:
             masked = create_value("arith.andi", [op.result, index_constant(-p)], op.result.type)
+        tag_facts(operation(masked.owner), [f"{d} divisible by {p}"])
         for use in list(op.result.uses):
             owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
             if owner != masked.owner:

@@ -13,7 +13,7 @@ import dataclasses
 
 from torch_mlir import ir
 
-from ..mlir_support import defined_outside, is_inside, nested_in, new_private_function, operation, walk
+from ..mlir_support import defined_outside, facts_relied_on, is_inside, nested_in, new_private_function, operation, walk
 from .loops import FUSED_ATTR, VERSION_ATTR, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
@@ -177,13 +177,23 @@ class Kernel:
     parallel_dims: int     # the first one is split over the RAL thread pool
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
     version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
+    relies_on: tuple[str, ...] = ()  # shape facts its code or its bounds rely on (`mod(s, 16) == 0`, `t == s`)
 
     def __str__(self) -> str:
         version = f" ({self.version} version)" if self.version else ""
-        return f"{self.name}: {self.kind}{version}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}"
+        facts = f"; relies on {', '.join(self.relies_on)}" if self.relies_on else ""
+        return f"{self.name}: {self.kind}{version}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
 
 
-def _describe(name: str, op: ir.Operation) -> Kernel:
+def _host_facts(v: ir.Value, depth: int = 0) -> list[str]:
+    """Facts the computation of a kernel's index argument (a bound, a size) relies on."""
+    if isinstance(v.owner, ir.Block) or not isinstance(v.type, ir.IndexType) or depth > 16:
+        return []
+    op = operation(v.owner)
+    return facts_relied_on(op) + [f for x in op.operands for f in _host_facts(x, depth + 1)]
+
+
+def _describe(name: str, op: ir.Operation, captured: list[ir.Value]) -> Kernel:
     inner = list(walk(op))[1:]
     ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)
                               and not all(isinstance(r.type, ir.IndexType) for r in o.results)))  # index math
@@ -196,7 +206,8 @@ def _describe(name: str, op: ir.Operation) -> Kernel:
     else:
         kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
     version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
-    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version)
+    facts = [f for o in [op] + inner for f in facts_relied_on(o)] + [f for v in captured for f in _host_facts(v)]
+    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)))
 
 
 def _body_loops(op: ir.Operation) -> list[ir.Operation]:
@@ -228,7 +239,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
         inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
                  for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
-        kernels.append(_describe(par, op))
+        kernels.append(_describe(par, op, captured))
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
         _move_into_function(op, body, captured, module)

@@ -10,8 +10,9 @@ from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
 from ..bounded_dynamism import Signature, extract_guard
-from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze, load_from_ir, save_to_ir
-from ..bounded_dynamism.constraints import Constraint, add_constraint_guards, bounds_constraints, record_fact
+from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
+from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, bounds_constraints, constraint_function,
+                                            load_from_ir, record_fact, save_to_ir)
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, run_pipeline, walk
@@ -72,11 +73,13 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
     """`frontend_facts` the frontend checks itself (JAX's); `frontend_unchecked` it knows but does
     not check (torch.export's dim ranges); `constraints` the user's. The last two get guards."""
     with module.context, ir.Location.unknown():
-        # 0. user constraints and #stablehlo.bounds become shape assertions (checked by the guard)
+        # 0. user constraints, #stablehlo.bounds and the constraints a saved module carries become shape
+        #    assertions (checked by the guard)
         entry = _function(module, entry_name)
         arg_types = list(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
-        checked = ([Constraint(c, "torch.export") for c in frontend_unchecked] + [Constraint(c, "user") for c in constraints]
-                   + bounds_constraints(signature, arg_types))
+        saved, saved_facts = load_from_ir(module, signature)  # from a module compiled before
+        checked = (saved + [Constraint(c, "torch.export") for c in frontend_unchecked]
+                   + [Constraint(c, "user") for c in constraints] + bounds_constraints(signature, arg_types))
         add_constraint_guards(module, entry, signature, checked)
         # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main);
         #    shape-dialect computations (torch-mlir's) become tensor/arith
@@ -90,16 +93,17 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         entry = _function(module, entry_name)
         # 4. symbolic shapes and facts; annotates the ops whose lowering a fact simplifies
         facts = ShapeFacts()
-        load_from_ir(module, facts)
-        for c in [Constraint(text, "jax export") for text in frontend_facts] + checked:
+        for c in [Constraint(text, "jax export") for text in frontend_facts] + checked + saved_facts:
             record_fact(facts, c)
         shapes = analyze(entry, signature, facts)
-        save_to_ir(module, entry, shapes)
+        save_to_ir(module, entry, signature, shapes)
         # 5. shape assertions move into a guard function the host calls before any kernel
         assertions = extract_guard(module, entry)
         run_pipeline(module, "builtin.module(canonicalize)", "guard clean-up")  # the guard keeps only shape math
         _mark_entry_points(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
-        # 6. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls
+        # 6. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls; the facts
+        #    are with the analysis (and in the saved module) and the code is not run
+        constraint_function(module).erase()
         lower_module(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining lowered ops")
         # 7. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
@@ -129,10 +133,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
             shared = reuse_equal_buffers(module)
             shapes.uses.append(f"{shared} dynamically sized buffer(s) take the storage of a freed buffer of provably equal size")
             for name in [entry_name] + ([GUARD_FUNCTION] if assertions else []):  # both take the entry's arguments
-                placed, arena = plan_arena(_function(module, name), shapes)
-                shapes.uses.append(f"@{name}: {placed} buffer(s) of bounded size placed in an arena of {arena} bytes")
+                plan_arena(_function(module, name), shapes)
         # 11. outermost parallel loops run on the RAL thread pool
         kernels = outline_parallel_loops(module)
+        shapes.uses += [f"{k.name} ({k.kind}) relies on {', '.join(k.relies_on)}" for k in kernels if k.relies_on]
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
