@@ -297,7 +297,7 @@ def test_bounded_dims_get_an_arena_planned_once():
         bounded(*[np.ones(s, np.float32) for s in [(65, 8), (65, 8), (8, 8)]])
 
 
-def test_kernels_say_which_facts_they_rely_on():
+def test_kernels_say_which_facts_they_rely_on(tmp_path, monkeypatch):
     """y's dim equals x's dim 1 only by a user constraint: the broadcast is proven non-expanding
     and the fused kernel says it relies on that fact; without the fact the broadcast is checked
     at run time (two versions) and no kernel relies on anything."""
@@ -311,7 +311,11 @@ def test_kernels_say_which_facts_they_rely_on():
     proven = disc.compile(text, constraints=["arg1.0 == arg0.1"])
     assert [(k.kind, k.relies_on) for k in proven.kernels] == [("elementwise", ("arg1.0 == arg0.1",))]
     assert "non-expanding [0], expanding [], checked at run time []; relies on arg1.0 == arg0.1" in proven.shape_report()
+    monkeypatch.setenv("DISC_SAVE_TEMPS", str(tmp_path))
     checked = disc.compile(text)
+    monkeypatch.delenv("DISC_SAVE_TEMPS")
+    saved = next(tmp_path.glob("after_guard_clean-up*.mlir")).read_text()
+    assert re.search(r'shape.cstr_broadcastable %\d+, %\d+ \{disc.source = "broadcast at .*, checked at run time"\}', saved)
     assert sorted(k.version for k in checked.kernels) == ["broadcast-free", "general"]
     assert all(k.relies_on == () for k in checked.kernels)
     x, y = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32), np.arange(4, dtype=np.float32)

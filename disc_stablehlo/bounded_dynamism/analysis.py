@@ -110,6 +110,8 @@ class BroadcastDecision:
     expanding: list[int]
     runtime_checked: list[int]
     reasons: list[str]
+    operand: list[Dim]      # the operand's dims
+    target: list[Dim]       # the result dims each operand dim maps to
 
 
 @dataclasses.dataclass
@@ -333,7 +335,7 @@ def _dynamic_broadcast(w: _Walker, op: ir.Operation):
             checked.append(i)
     op.attributes["known_nonexpanding_dimensions"] = ir.DenseI64ArrayAttr.get(nonexp)
     op.attributes["known_expanding_dimensions"] = ir.DenseI64ArrayAttr.get(exp)
-    w.broadcasts.append(BroadcastDecision(location_text(op), nonexp, exp, checked, reasons))
+    w.broadcasts.append(BroadcastDecision(location_text(op), nonexp, exp, checked, reasons, in_dims, [out[d] for d in bdims]))
     _relies_on(op, reasons)
     return [out]
 

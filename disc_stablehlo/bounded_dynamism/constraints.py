@@ -193,15 +193,20 @@ def _arg_types(func: ir.Operation) -> list[ir.Type]:
 
 
 # The facts live in the IR. Those over the arguments' dims are shape-dialect constraints in a
-# function of their own (`shape.cstr_eq` of extents, `shape.cstr_require` of comparisons, all
-# combined by `shape.assuming_all` and guarding, through `shape.assuming`, the extents it
-# returns); the others (they name intermediates' symbols) are a module attribute.
+# function of their own (`shape.cstr_eq` of extents, `shape.cstr_require` of comparisons,
+# `shape.cstr_broadcastable` for the broadcasts checked at run time, all combined by
+# `shape.assuming_all` and guarding, through `shape.assuming`, the extents it returns); the
+# others (they name intermediates' symbols) are a module attribute.
 CONSTRAINT_FUNCTION = "disc_shape_constraints"
 FACTS_ATTR = "disc.shape_facts"      # module: ["b*s == 4*#reshape3 [dynamic_reshape keeps the element count]", ...]
 DIMS_ATTR = "disc.symbolic_dims"     # the constraint function's arguments: ["b", "s", "8"]
 SOURCE_ATTR = "disc.source"          # on each shape.cstr_*: where the fact comes from
 _PREDICATES = {"==": "eq", "!=": "ne", ">=": "sge", "<=": "sle", ">": "sgt", "<": "slt"}
 _PREDICATE_NAMES = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]  # arith.cmpi's enum order
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "/").replace('"', "'")
 
 
 def constraint_function(module: ir.Module) -> ir.Operation | None:
@@ -227,15 +232,22 @@ def save_to_ir(module: ir.Module, entry: ir.Operation, signature: Signature, ana
         if op is None or not (em.expressible(lhs) and em.expressible(rhs)):
             rest.append(ir.StringAttr.get(f"{fact.text} [{fact.source}]"))
             continue
-        source = f'{{{SOURCE_ATTR} = "{fact.source}"}}'
+        source = f'{{{SOURCE_ATTR} = "{_quote(fact.source)}"}}'
         a, b = em.dim(lhs), em.dim(rhs)
         if op == "==":
             sa, sb = (em.value(f"shape.from_extents {x} : index") for x in (a, b))
             witnesses.append(em.value(f'"shape.cstr_eq"({sa}, {sb}) {source} : (!shape.shape, !shape.shape) -> !shape.witness'))
         else:
             cond = em.value(f"arith.cmpi {_PREDICATES[op]}, {a}, {b} : index")
-            witnesses.append(em.value(f'"shape.cstr_require"({cond}) {{msg = "{fact.text}", {SOURCE_ATTR} = "{fact.source}"}} '
+            witnesses.append(em.value(f'"shape.cstr_require"({cond}) {{msg = "{fact.text}", {SOURCE_ATTR} = "{_quote(fact.source)}"}} '
                                       ": (i1) -> !shape.witness"))
+    for b in analysis.broadcasts:  # what the run-time check of a broadcast requires
+        dims = [analysis.facts.canon(d) for d in b.operand + b.target]
+        if b.runtime_checked and all(em.expressible(d) for d in dims):
+            sa, sb = (em.value(f"shape.from_extents {', '.join(em.dim(d) for d in half)} : {', '.join(['index'] * len(half))}")
+                      for half in (dims[:len(b.operand)], dims[len(b.operand):]))
+            witnesses.append(em.value(f'"shape.cstr_broadcastable"({sa}, {sb}) {{{SOURCE_ATTR} = "broadcast at {_quote(b.location)}, '
+                                      'checked at run time"} : (!shape.shape, !shape.shape) -> !shape.witness'))
     extents = [em.var(v) for v in sorted(em.sources)]
     all_ = em.value(f"shape.assuming_all {', '.join(witnesses)}") if witnesses else em.value("shape.const_witness true")
     types = ", ".join(["index"] * len(extents))
