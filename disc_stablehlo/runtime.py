@@ -59,7 +59,7 @@ def ral() -> ctypes.CDLL:
 
 
 class KernelStat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("calls", "pool_calls", "ns")]
+    _fields_ = [(n, ctypes.c_int64) for n in ("calls", "pool_calls", "fused_calls", "ns")]
 
 
 def symbol_address(lib: ctypes.CDLL, symbol: str) -> int:
@@ -67,11 +67,13 @@ def symbol_address(lib: ctypes.CDLL, symbol: str) -> int:
 
 
 def kernel_stats(address: int) -> dict[str, float]:
-    """Calls of a kernel (or library entry) at `address`, those run on the thread pool and those
-    run inline (the small-size version), and their total wall time in seconds."""
+    """Calls of a kernel (or library entry) at `address`, those run on the thread pool, those run
+    as a GEMM epilogue behind its row blocks and those run inline (the small-size version), and
+    their total wall time in seconds."""
     st = KernelStat()
     ral().ral_kernel_stats(ctypes.c_void_p(address), ctypes.byref(st))
-    return {"calls": st.calls, "pool": st.pool_calls, "inline": st.calls - st.pool_calls, "seconds": st.ns * 1e-9}
+    return {"calls": st.calls, "pool": st.pool_calls, "fused": st.fused_calls,
+            "inline": st.calls - st.pool_calls - st.fused_calls, "seconds": st.ns * 1e-9}
 
 
 class MemoryStats(ctypes.Structure):

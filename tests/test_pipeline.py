@@ -46,17 +46,21 @@ def test_save_temps_keeps_every_stage(tmp_path, monkeypatch):
 
 
 def test_generated_code_calls_the_runtime():
-    """GEMMs go to the BLAS and loops to the thread pool through the RAL, not inline loops."""
-    f = disc.compile("""func.func @main(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32> {
+    """GEMMs go to the BLAS and loops to the thread pool through the RAL, not inline loops; the
+    tanh of the product runs behind the GEMM (its epilogue), the exp of `a` on its own."""
+    f = disc.compile("""func.func @main(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> (tensor<?x32xf32>, tensor<?x64xf32>) {
       %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<?x64xf32>, tensor<64x32xf32>) -> tensor<?x32xf32>
       %1 = stablehlo.tanh %0 : tensor<?x32xf32>
-      return %1 : tensor<?x32xf32>
+      %2 = stablehlo.exponential %a : tensor<?x64xf32>
+      return %1, %2 : tensor<?x32xf32>, tensor<?x64xf32>
     }""")
-    assert "call void @disc_ral_gemm_f32" in f.llvm_ir
-    assert "call void @disc_ral_parallel_for" in f.llvm_ir
+    assert "call void @disc_ral_gemm_f32_epilogue(" in f.llvm_ir
+    assert "call void @disc_ral_parallel_for(" in f.llvm_ir
     a = np.random.default_rng(0).standard_normal((700, 64)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
-    np.testing.assert_allclose(f(a, b), np.tanh(a @ b), rtol=1e-4, atol=1e-5)
+    tanh, exp = f(a, b)
+    np.testing.assert_allclose(tanh, np.tanh(a @ b), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(exp, np.exp(a), rtol=1e-5)
 
 
 def test_kernels_describe_what_they_compute():
@@ -87,8 +91,8 @@ def test_vector_math_maps_to_libmvec_within_the_target_width():
 
 
 def test_stats_count_kernel_versions_and_library_calls():
-    """Per kernel: calls, which version ran (thread pool or inline, chosen from the real sizes)
-    and time; GEMM calls are counted too."""
+    """Per kernel: calls, which version ran (thread pool, behind the GEMM's row blocks, or inline:
+    chosen from the real sizes) and time; GEMM calls are counted too."""
     import jax
     import jax.numpy as jnp
     from jax import export
@@ -100,9 +104,62 @@ def test_stats_count_kernel_versions_and_library_calls():
     w = np.ones((64, 64), np.float32)
     before = f.stats()
     f(np.ones((2, 64), np.float32), w)      # 128 elements: inline
-    f(np.ones((4096, 64), np.float32), w)   # 262144 elements: on the pool
+    f(np.ones((4096, 64), np.float32), w)   # 262144 elements: behind the GEMM's row blocks on the pool
     after = f.stats()
-    delta = {k: after[kernel.name][k] - before[kernel.name][k] for k in ("calls", "pool", "inline")}
-    assert delta == {"calls": 2, "pool": 1, "inline": 1}
+    delta = {k: after[kernel.name][k] - before[kernel.name][k] for k in ("calls", "pool", "fused", "inline")}
+    assert delta == {"calls": 2, "pool": 0, "fused": 1, "inline": 1}
     assert after[kernel.name]["seconds"] > before[kernel.name]["seconds"]
     assert after["disc_ral_gemm_f32"]["calls"] - before["disc_ral_gemm_f32"]["calls"] == 2
+
+
+def _epilogue_models():
+    import jax
+    import jax.numpy as jnp
+
+    def mlp(x, w, b):  # bias and GELU behind [b*s, 64] x [64, 96]
+        return jax.nn.gelu(x @ w + b, approximate=False)
+
+    def attention(q, k):  # scale and softmax behind the batched [b, s, s] scores
+        return jax.nn.softmax(jnp.einsum("bsd,btd->bst", q, k) * 0.125, axis=-1)
+
+    def residual_norm(x, w):  # residual and layer norm behind the product
+        h = x + x @ w
+        m = h.mean(-1, keepdims=True)
+        return (h - m) * jax.lax.rsqrt(((h - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    def transposed(x, w):  # reads the product across rows: not an epilogue
+        return jnp.swapaxes(x @ w, 1, 2) + 1.0
+
+    return [("mlp", mlp, [(("b", "s", 64), np.float32), ((64, 96), np.float32), ((96,), np.float32)], True),
+            ("attention", attention, [(("b", "s", 32), np.float32), (("b", "s", 32), np.float32)], True),
+            ("residual_norm", residual_norm, [(("b", "s", 64), np.float32), ((64, 64), np.float32)], True),
+            ("transposed", transposed, [(("b", "s", 64), np.float32), ((64, 48), np.float32)], False)]
+
+
+@pytest.mark.parametrize("name, fn, shapes, fused", _epilogue_models(), ids=lambda v: v if isinstance(v, str) else "")
+def test_gemm_epilogues_run_behind_the_gemm(name, fn, shapes, fused, monkeypatch):
+    """A loop that consumes a GEMM's rows (bias, GELU, scale + softmax, residual + layer norm)
+    runs behind the GEMM, on each row block as it is computed (stats: "fused"), or after it for
+    small products and few rows; results equal the unfused compilation's and jax.jit's at shapes
+    that take each path. A loop that reads the product across rows stays on its own."""
+    from conftest import specs_for
+    from disc_stablehlo.passes import pipeline
+
+    f = disc.compile(fn, *specs_for(shapes, "b, s"))
+    behind = [k for k in f.kernels if k.epilogue_of]
+    assert [k.epilogue_of for k in behind] == (["disc_ral_gemm_f32"] if fused else [])
+    monkeypatch.setattr(pipeline, "fuse_gemm_epilogues", lambda module: 0)
+    unfused = disc.compile(fn, *specs_for(shapes, "b, s"))
+    assert not any(k.epilogue_of for k in unfused.kernels)
+    before = f.stats()
+    for b, s in [(1, 3), (2, 200), (16, 64)]:
+        rng = np.random.default_rng(b * s)
+        args = [rng.standard_normal(tuple(b if d == "b" else s if d == "s" else d for d in shape)).astype(dtype)
+                for shape, dtype in shapes]
+        out = f(*args)
+        np.testing.assert_allclose(out, unfused(*args), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(out, fn(*args), rtol=2e-4, atol=2e-5)
+    if fused:
+        after = f.stats()[behind[0].name]
+        assert after["calls"] - before[behind[0].name]["calls"] == 3
+        assert after["fused"] - before[behind[0].name]["fused"] >= 1  # (16, 64): row blocks on the pool

@@ -20,6 +20,7 @@ from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
 from ..mlir_support import create_value, index_constant, int_constant, operation, walk
+from .epilogues import behind
 
 ARENA_ALIGNMENT = 64
 ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
@@ -81,6 +82,7 @@ def free_after_last_use(module: ir.Module) -> None:
                 if owner == dealloc:
                     continue
                 top = _top_level(owner, block)
+                top = behind(top) if top is not None else None  # a GEMM reads its operands while its epilogue runs
                 if top is not None and (last is None or last.is_before_in_block(top)):
                     last = top
         if last is not None and last.is_before_in_block(dealloc) and not last.name.endswith(("yield", "return", "condition")):

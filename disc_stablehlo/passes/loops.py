@@ -227,13 +227,17 @@ def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
     return first
 
 
+def row_dims(loop: ir.Operation) -> int:
+    """How many leading dims of a parallel loop are its rows: all of them for a loop whose body
+    is another loop nest, all but the innermost (the one LLVM vectorises) otherwise."""
+    body_loops = any(o.name in ("scf.parallel", "scf.for") for o in list(walk(loop))[1:])
+    return _dims(loop) if body_loops else _dims(loop) - 1
+
+
 def collapse_rows(module: ir.Module) -> None:
-    """Every top-level parallel loop: its leading dims (all of them for a loop whose body is
-    another loop nest; all but the innermost otherwise) become one linear dim."""
+    """Every top-level parallel loop: its rows (`row_dims`) become one linear dim."""
     for op in [o for o in walk(module.operation) if o.name == "scf.parallel" and not o.results and not _in_parallel(o)]:
-        n = _dims(op)
-        body_loops = any(o.name in ("scf.parallel", "scf.for") for o in list(walk(op))[1:])
-        k = n if body_loops else n - 1
+        k = row_dims(op)
         if k < 2:
             continue
         _collapse(_split(op, k))

@@ -14,6 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..mlir_support import defined_outside, facts_relied_on, is_inside, nested_in, new_private_function, operation, walk
+from .epilogues import gemm_callee, gemm_of
 from .loops import FUSED_ATTR, VERSION_ATTR, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
@@ -56,9 +57,12 @@ def _find(captured: list[ir.Value], v: ir.Value) -> int:
 Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of lower bound, upper bound, step
 
 
-def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds]) -> str:
+def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds],
+               gemm: ir.Operation | None) -> str:
     """The host side: pack the captured values into slots and call the RAL. `bounds` are the
-    loop's, `inner` those of the loops its body runs per iteration (for the work estimate)."""
+    loop's, `inner` those of the loops its body runs per iteration (for the work estimate);
+    `gemm`: the GEMM call the loop runs behind as its epilogue (its operands follow the
+    captured values), or None."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
@@ -98,14 +102,21 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
     lines.append(f"%work = arith.muli {trips(bounds, 'all_')}, %per_row : index")
     work = "%work"
     lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
-    params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
+    params = [f"%v{i}: {v.type}" for i, v in enumerate(captured)]
+    callee, args, types = "disc_ral_parallel_for", [], []
+    if gemm is not None:
+        callee = f"{gemm_callee(gemm)}_epilogue"
+        types = [str(v.type) for v in gemm.operands]
+        args = [f"%g{i}" for i in range(len(types))]
+        params += [f"{a}: {t}" for a, t in zip(args, types)]
+    signature = ", ".join(types + ["!llvm.ptr", "!llvm.ptr", "i64", "i64"])
     lines += ["%n64 = arith.index_cast %n : index to i64", f"%work64 = arith.index_cast {work} : index to i64",
               f"%fp = func.call @{FNPTR_STEM}{par}() : () -> !llvm.ptr",
-              "func.call @disc_ral_parallel_for(%fp, %buf, %n64, %work64) : (!llvm.ptr, !llvm.ptr, i64, i64) -> ()",
+              f"func.call @{callee}({', '.join(args + ['%fp', '%buf', '%n64', '%work64'])}) : ({signature}) -> ()",
               "llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
     return (f"func.func private @{FNPTR_STEM}{par}() -> !llvm.ptr\n"
-            "func.func private @disc_ral_parallel_for(!llvm.ptr, !llvm.ptr, i64, i64)\n"
-            f"func.func private @{name}({params}) {{\n  " + "\n  ".join(lines) + "\n}")
+            f"func.func private @{callee}({signature})\n"
+            f"func.func private @{name}({', '.join(params)}) {{\n  " + "\n  ".join(lines) + "\n}")
 
 
 def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int, int, int]) -> str:
@@ -178,11 +189,13 @@ class Kernel:
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
     version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
     relies_on: tuple[str, ...] = ()  # shape facts its code or its bounds rely on (`mod(s, 16) == 0`, `t == s`)
+    epilogue_of: str = ""  # the library GEMM it runs behind, row block by row block (`disc_ral_gemm_f32`)
 
     def __str__(self) -> str:
         version = f" ({self.version} version)" if self.version else ""
+        behind = f" behind {self.epilogue_of}" if self.epilogue_of else ""
         facts = f"; relies on {', '.join(self.relies_on)}" if self.relies_on else ""
-        return f"{self.name}: {self.kind}{version}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
+        return f"{self.name}: {self.kind}{version}{behind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
 
 
 def _host_facts(v: ir.Value, depth: int = 0) -> list[str]:
@@ -193,7 +206,7 @@ def _host_facts(v: ir.Value, depth: int = 0) -> list[str]:
     return facts_relied_on(op) + [f for x in op.operands for f in _host_facts(x, depth + 1)]
 
 
-def _describe(name: str, op: ir.Operation, captured: list[ir.Value]) -> Kernel:
+def _describe(name: str, op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | None) -> Kernel:
     inner = list(walk(op))[1:]
     ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)
                               and not all(isinstance(r.type, ir.IndexType) for r in o.results)))  # index math
@@ -207,7 +220,8 @@ def _describe(name: str, op: ir.Operation, captured: list[ir.Value]) -> Kernel:
         kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
     version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
     facts = [f for o in [op] + inner for f in facts_relied_on(o)] + [f for v in captured for f in _host_facts(v)]
-    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)))
+    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)),
+                  gemm_callee(gemm) if gemm is not None else "")
 
 
 def _body_loops(op: ir.Operation) -> list[ir.Operation]:
@@ -239,13 +253,17 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
         inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
                  for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
-        kernels.append(_describe(par, op, captured))
+        gemm = gemm_of(op)  # the epilogue's pack call does the GEMM, at the loop's place
+        kernels.append(_describe(par, op, captured, gemm))
         with ir.InsertionPoint(op), op.location:
-            ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
+            ir.Operation.create("func.call", operands=captured + (list(gemm.operands) if gemm else []),
+                                attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
         _move_into_function(op, body, captured, module)
         state.declared.add(body)
         state.add_function(_unpack_text(par, body, captured, bounds[0]))
-        state.add_function(_pack_text(pack, par, captured, bounds, inner))
+        state.add_function(_pack_text(pack, par, captured, bounds, inner, gemm))
+        if gemm is not None:
+            gemm.erase()
     return kernels
 
 

@@ -19,6 +19,7 @@ from ..mlir_support import describe, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
+from .epilogues import fuse_gemm_epilogues
 from .fusion import forward_uniform_operands
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     version_broadcasts)
@@ -118,8 +119,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
         copies_to_linalg(module)
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
-        # 9. loops over the same rows fuse; rows are what the thread pool splits
+        # 9. loops over the same rows fuse, and run behind the GEMM whose rows they consume; rows
+        #    are what the thread pool splits
         fuse_loops(module)
+        fuse_gemm_epilogues(module)
         collapse_rows(module)
         accumulate_in_registers(module)
         hoist_invariant_loads(module)

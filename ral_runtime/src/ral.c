@@ -424,7 +424,7 @@ void _mlir_memref_to_llvm_free(void *ptr) {
 
 typedef struct {
   _Atomic(const void *) key;
-  atomic_llong calls, pool_calls, ns;
+  atomic_llong calls, pool_calls, fused_calls, ns;
 } kernel_stat;
 
 static kernel_stat kernel_stats[RAL_STATS_SLOTS];
@@ -458,10 +458,20 @@ static void stat_record(const void *key, int pooled, int64_t start_ns) {
   atomic_fetch_add_explicit(&s->ns, now_ns() - start_ns, memory_order_relaxed);
 }
 
+/* a kernel that ran as a GEMM epilogue, `ns` in total over the row blocks */
+static void stat_fused(const void *key, int64_t ns) {
+  kernel_stat *s = stat_slot(key, 1);
+  if (!s) return;
+  atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->fused_calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&s->ns, ns, memory_order_relaxed);
+}
+
 void ral_kernel_stats(const void *kernel, ral_kernel_stat *out) {
   kernel_stat *s = stat_slot(kernel, 0);
   out->calls = s ? atomic_load(&s->calls) : 0;
   out->pool_calls = s ? atomic_load(&s->pool_calls) : 0;
+  out->fused_calls = s ? atomic_load(&s->fused_calls) : 0;
   out->ns = s ? atomic_load(&s->ns) : 0;
 }
 
@@ -528,7 +538,8 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
 }
 
 /* One GEMM split into blocks of rows (or, for few rows, of columns) of every batch entry, run
- * on the pool. */
+ * on the pool; with an epilogue, each row block of C is handed to it as soon as it is written
+ * (while it is in cache). */
 typedef struct {
   ral_runtime *rt;
   int is_double;
@@ -536,13 +547,16 @@ typedef struct {
   int ta, tb;
   const void *a, *b;
   void *c;
+  ral_parallel_body epilogue; /* NULL: none, or run after the whole product */
+  void *epilogue_data;
+  atomic_llong epilogue_ns;
 } gemm_job;
 
 #define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
 #define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
 
 static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
-  const gemm_job *g = data;
+  gemm_job *g = data;
   int64_t per_batch = g->row_tasks * g->col_tasks;
   for (int64_t t = lo; t < hi; t++) {
     int64_t batch = t / per_batch, block = t % per_batch;
@@ -560,6 +574,11 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
     else
       g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
                    (const float *)g->b + b_off, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->n);
+    if (g->epilogue) { /* whole rows only: column blocks leave the epilogue to after the product */
+      int64_t start = now_ns();
+      g->epilogue(g->epilogue_data, batch * g->m + row0, batch * g->m + row0 + rows);
+      atomic_fetch_add_explicit(&g->epilogue_ns, now_ns() - start, memory_order_relaxed);
+    }
   }
 }
 
@@ -581,41 +600,74 @@ static void gemm_split(gemm_job *g, int64_t batch, int threads) {
   g->col_tasks = (g->n + g->cols_per_task - 1) / g->cols_per_task;
 }
 
-#define DEFINE_GEMM(NAME, T, FIELD, IS_DOUBLE)                                                   \
+/* The GEMM entries: check the layout, split, run; `epilogue` (or NULL) runs over the rows of C
+ * [0, rows) with `epilogue_data`, behind the row blocks when they are whole rows, else after
+ * the product as an ordinary parallel loop of `work` scalar iterations. */
+static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t batch, int64_t sa_m, int64_t sa_k,
+                     int64_t sb_k, int64_t sb_n, int64_t rows, int64_t work) {
+  ral_context *ctx = tls_context;
+  char message[160];
+  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
+    snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
+    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+    return;
+  }
+  if (g->epilogue && rows != batch * g->m) {
+    snprintf(message, sizeof message, "%s: epilogue over %lld rows of a product with %lld", name, (long long)rows,
+             (long long)(batch * g->m));
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
+  ral_parallel_body epilogue = g->epilogue;
+  int empty = g->m == 0 || g->n == 0 || batch == 0;
+  if (!empty && (!blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda) || !blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb))) {
+    snprintf(message, sizeof message, "%s: operand has no unit stride", name);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
+  if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX) {
+    snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
+  int64_t start = now_ns();
+  if (empty || g->k == 0) {
+    if (!empty) memset(g->c, 0, (size_t)(batch * g->m * g->n) * (g->is_double ? sizeof(double) : sizeof(float)));
+    g->epilogue = NULL;
+  } else {
+    gemm_split(g, batch, ral_runtime_num_threads(ctx->rt));
+    int64_t tasks = batch * g->row_tasks * g->col_tasks;
+    int pooled = batch * g->m * g->n * g->k >= (1 << 18) && tasks > 1;
+    if (g->col_tasks > 1 || !pooled) g->epilogue = NULL; /* after the product, on the pool or not by its own work */
+    if (pooled)
+      ral_parallel_for(ctx, gemm_tasks, g, 0, tasks, 1);
+    else
+      gemm_tasks(g, 0, tasks);
+    stat_record(key, pooled, start);
+  }
+  if (!epilogue) return;
+  if (g->epilogue) /* ran behind the row blocks */
+    stat_fused(epilogue, atomic_load(&g->epilogue_ns));
+  else
+    disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
+}
+
+#define DEFINE_GEMM(NAME, T, IS_DOUBLE)                                                          \
+  void NAME##_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b, \
+                       int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k,       \
+                       int64_t sb_n, T *c, ral_parallel_body epilogue, void *epilogue_data,      \
+                       int64_t rows, int64_t work) {                                             \
+    gemm_job g = {.is_double = IS_DOUBLE, .m = m, .n = n, .k = k, .sa_b = sa_b, .sb_b = sb_b,   \
+                  .a = a, .b = b, .c = c, .epilogue = epilogue, .epilogue_data = epilogue_data}; \
+    g.rt = tls_context ? tls_context->rt : NULL;                                                 \
+    atomic_init(&g.epilogue_ns, 0);                                                              \
+    gemm_run((const void *)NAME, #NAME, &g, batch, sa_m, sa_k, sb_k, sb_n, rows, work);          \
+  }                                                                                              \
   void NAME(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b,           \
             int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k, int64_t sb_n,   \
             T *c) {                                                                              \
-    ral_context *ctx = tls_context;                                                              \
-    if (!ctx || !ctx->rt->FIELD) {                                                               \
-      ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, #NAME ": no BLAS loaded in the runtime");       \
-      return;                                                                                    \
-    }                                                                                            \
-    if (m == 0 || n == 0 || batch == 0) return;                                                  \
-    if (k == 0) {                                                                                \
-      memset(c, 0, (size_t)(batch * m * n) * sizeof(T));                                         \
-      return;                                                                                    \
-    }                                                                                            \
-    gemm_job g = {.rt = ctx->rt, .is_double = IS_DOUBLE, .m = m, .n = n, .k = k, .sa_b = sa_b,   \
-                  .sb_b = sb_b, .a = a, .b = b, .c = c};                                         \
-    if (!blas_layout(sa_m, sa_k, m, k, &g.ta, &g.lda) ||                                         \
-        !blas_layout(sb_k, sb_n, k, n, &g.tb, &g.ldb)) {                                         \
-      ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": operand has no unit stride");     \
-      return;                                                                                    \
-    }                                                                                            \
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || g.lda > INT32_MAX || g.ldb > INT32_MAX) { \
-      ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, #NAME ": dims exceed the 32-bit BLAS");     \
-      return;                                                                                    \
-    }                                                                                            \
-    int64_t start = now_ns();                                                                    \
-    gemm_split(&g, batch, ral_runtime_num_threads(ctx->rt));                                    \
-    int64_t tasks = batch * g.row_tasks * g.col_tasks;                                           \
-    int pooled = batch * m * n * k >= (1 << 18) && tasks > 1;                                    \
-    if (pooled)                                                                                  \
-      ral_parallel_for(ctx, gemm_tasks, &g, 0, tasks, 1);                                        \
-    else                                                                                         \
-      gemm_tasks(&g, 0, tasks);                                                                  \
-    stat_record((const void *)NAME, pooled, start);                                              \
+    NAME##_epilogue(batch, m, n, k, a, sa_b, sa_m, sa_k, b, sb_b, sb_k, sb_n, c, NULL, NULL, 0, 0); \
   }
 
-DEFINE_GEMM(disc_ral_gemm_f32, float, sgemm, 0)
-DEFINE_GEMM(disc_ral_gemm_f64, double, dgemm, 1)
+DEFINE_GEMM(disc_ral_gemm_f32, float, 0)
+DEFINE_GEMM(disc_ral_gemm_f64, double, 1)

@@ -2,6 +2,7 @@
 #include "ral/ral.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +143,46 @@ static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64
   return ok;
 }
 
+/* An epilogue over rows of C: adds 1 to each element of its rows and counts each row. */
+typedef struct {
+  float *c;
+  int64_t n;
+  atomic_int *seen;
+} epilogue_data;
+
+static void add_one(void *data, int64_t lo, int64_t hi) {
+  epilogue_data *e = data;
+  for (int64_t i = lo; i < hi; i++) {
+    atomic_fetch_add(&e->seen[i], 1);
+    for (int64_t j = 0; j < e->n; j++) e->c[i * e->n + j] += 1;
+  }
+}
+
+/* batch x [m x k] x [k x n] with the epilogue: every row seen once, after its product */
+static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int64_t n, int64_t k) {
+  float *a = malloc(sizeof(float) * batch * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * batch * m * n);
+  atomic_int *seen = calloc((size_t)(batch * m), sizeof(atomic_int));
+  for (int64_t i = 0; i < batch * m * k; i++) a[i] = (float)((i * 5) % 9) - 4;
+  for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
+  epilogue_data e = {.c = c, .n = n, .seen = seen};
+  disc_ral_gemm_f32_epilogue(batch, m, n, k, a, m * k, k, 1, b, 0, n, 1, c, add_one, &e, batch * m, batch * m * n);
+  int ok = ral_context_status(ctx) == RAL_OK;
+  for (int64_t bi = 0; bi < batch; bi++)
+    for (int64_t i = 0; i < m && ok; i++) {
+      ok &= atomic_load(&seen[bi * m + i]) == 1;
+      for (int64_t j = 0; j < n; j++) {
+        float ref = 1;
+        for (int64_t x = 0; x < k; x++) ref += a[(bi * m + i) * k + x] * b[x * n + j];
+        ok &= c[(bi * m + i) * n + j] == ref;
+      }
+    }
+  free(a);
+  free(b);
+  free(c);
+  free(seen);
+  return ok;
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -168,6 +209,16 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   if (have_blas) {
     CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
+    CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40));  /* behind row blocks */
+    CHECK(gemm_epilogue_matches(ctx, 6, 50, 64, 32));   /* behind whole batch entries */
+    CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128));  /* column blocks: after the product */
+    CHECK(gemm_epilogue_matches(ctx, 2, 3, 5, 4));      /* small: inline */
+    CHECK(gemm_epilogue_matches(ctx, 1, 4, 5, 0));      /* k == 0: zeros, then the epilogue */
+    ral_kernel_stat st;
+    ral_kernel_stats((const void *)add_one, &st);
+    CHECK(st.calls == 5 && st.fused_calls == 2); /* the two pooled products with whole rows */
+    disc_ral_gemm_f32_epilogue(1, 4, 5, 3, NULL, 0, 3, 1, NULL, 0, 5, 1, NULL, add_one, NULL, 7, 20);
+    CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
   }
   ral_context_enter(prev);
   ral_context_destroy(ctx);

@@ -89,10 +89,11 @@ void _mlir_memref_to_llvm_free(void *ptr);
 void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_t work);
 
 /* Statistics of a kernel (a parallel loop body, or a library entry such as disc_ral_gemm_f32)
- * over the whole process: calls, calls that used the thread pool (the rest ran inline: the
- * small-size version), and wall time in nanoseconds. Zeros for a kernel never called. */
+ * over the whole process: calls, calls that used the thread pool, calls that ran as a GEMM
+ * epilogue behind its row blocks (the rest ran inline: the small-size version), and wall time
+ * in nanoseconds. Zeros for a kernel never called. */
 typedef struct {
-  int64_t calls, pool_calls, ns;
+  int64_t calls, pool_calls, fused_calls, ns;
 } ral_kernel_stat;
 void ral_kernel_stats(const void *kernel, ral_kernel_stat *out);
 
@@ -113,6 +114,20 @@ void disc_ral_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const flo
 void disc_ral_gemm_f64(int64_t batch, int64_t m, int64_t n, int64_t k, const double *a,
                        int64_t sa_b, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
                        int64_t sb_k, int64_t sb_n, double *c);
+
+/* The same with an epilogue: a parallel loop body over the rows of C ([0, rows), rows ==
+ * batch * m) that reads C only in its own rows. When the product runs on the pool in row
+ * blocks, it runs on each block right after the block is computed, by the same thread;
+ * otherwise (a small product, or few rows split into column blocks) it runs after the product
+ * as disc_ral_parallel_for(epilogue, data, rows, work). */
+void disc_ral_gemm_f32_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
+                                int64_t sa_b, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
+                                int64_t sb_k, int64_t sb_n, float *c, ral_parallel_body epilogue,
+                                void *epilogue_data, int64_t rows, int64_t work);
+void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const double *a,
+                                int64_t sa_b, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
+                                int64_t sb_k, int64_t sb_n, double *c, ral_parallel_body epilogue,
+                                void *epilogue_data, int64_t rows, int64_t work);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,167 @@
+"""GEMM epilogues: the loop that consumes a library GEMM's result row by row runs behind it.
+
+A library GEMM (`disc_ral_gemm_*`) writes C = [batch, m, n] row-major. When the next thing its
+block does with memory is a parallel loop that reads (and writes) C only in the row it is at
+(bias, activation, residual, and whole stitch fusions such as softmax or layer norm over the
+product's rows), the RAL runs that loop on each row block of C right after the block is
+computed, on the same thread, while the block is in cache (`disc_ral_gemm_*_epilogue`): one
+pass over C and one thread-pool dispatch fewer.
+
+This pass only decides and marks: the call and the loop get the same `disc.gemm_epilogue` id.
+The buffer passes treat the loop as the last use of the GEMM's operands (they are read while the
+loop runs), and outlining hands the loop's kernel to the GEMM entry instead of the pool."""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from ..mlir_support import int_constant, operation, walk
+from .loops import _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
+
+EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
+GEMM_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
+_A, _B, _C, _N = 4, 8, 12, 2  # operand positions of the GEMM call: A, B and C pointers, n
+_CONTIGUOUS_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reshape")
+
+
+def gemm_callee(op: ir.Operation) -> str | None:
+    if op.name != "func.call":
+        return None
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    return callee if callee in GEMM_ENTRIES else None
+
+
+def _buffer_of_pointer(v: ir.Value, depth: int = 0) -> ir.Value | None:
+    """The memref a GEMM pointer operand was extracted from (through the address arithmetic)."""
+    if isinstance(v.owner, ir.Block) or depth > 8:
+        return None
+    op = operation(v.owner)
+    if op.name == "memref.extract_strided_metadata":
+        return op.operands[0]
+    for x in op.operands:
+        if (found := _buffer_of_pointer(x, depth + 1)) is not None:
+            return found
+    return None
+
+
+def _contiguous_view_of(ref: ir.Value, root: ir.Value) -> bool:
+    """Whether `ref` is `root` seen through reshapes only (row-major, every element)."""
+    while ref != root:
+        if isinstance(ref.owner, ir.Block) or operation(ref.owner).name not in _CONTIGUOUS_VIEWS:
+            return False
+        ref = operation(ref.owner).operands[0]
+    return "strided" not in str(ref.type) and "affine_map" not in str(ref.type)
+
+
+def _dim_value(ref: ir.Value, i: int) -> ir.Value | int | None:
+    """Dim i of a buffer or view: its static size, or the SSA size its allocation or expansion
+    was given (through collapses that merge it with size-1 dims); None when neither says."""
+    t = ir.MemRefType(ref.type)
+    if not t.is_dynamic_dim(i):
+        return t.shape[i]
+    if isinstance(ref.owner, ir.Block):
+        return None
+    op = operation(ref.owner)
+    if op.name == "memref.collapse_shape":
+        group = [int(d) for d in ir.ArrayAttr(op.attributes["reassociation"])[i]]
+        src = ir.MemRefType(op.operands[0].type)
+        sized = [d for d in group if src.is_dynamic_dim(d) or src.shape[d] != 1]
+        return _dim_value(op.operands[0], sized[0]) if len(sized) == 1 else None
+    dynamic = [d for d in range(t.rank) if t.is_dynamic_dim(d)]
+    sizes = {"memref.alloc": list(op.operands), "memref.expand_shape": list(op.operands)[1:]}.get(op.name)
+    return sizes[dynamic.index(i)] if sizes is not None and len(sizes) == len(dynamic) else None
+
+
+def _resolve(v: ir.Value | int | None) -> ir.Value | int | None:
+    """A size read by `memref.dim` of a view as the size the view was built from."""
+    while isinstance(v, ir.Value) and not isinstance(v.owner, ir.Block) and operation(v.owner).name == "memref.dim":
+        op = operation(v.owner)
+        i = int_constant(op.operands[1])
+        found = _dim_value(op.operands[0], i) if i is not None else None
+        if found is None:
+            return v
+        v = found
+    return int_constant(v) if isinstance(v, ir.Value) and int_constant(v) is not None else v
+
+
+def _same_size(size: ir.Value | int | None, bound: ir.Value) -> bool:
+    size, bound = _resolve(size), _resolve(bound)
+    return size is not None and (size == bound if isinstance(size, int) or isinstance(bound, int) else _same_bound(size, bound))
+
+
+def _strip_cast(v: ir.Value) -> ir.Value:
+    """An i64 GEMM operand as the index value it was cast from."""
+    if not isinstance(v.owner, ir.Block) and operation(v.owner).name == "arith.index_cast":
+        return operation(v.owner).operands[0]
+    return v
+
+
+def _rows_only(loop: ir.Operation, call: ir.Operation, c: ir.Value) -> bool:
+    """Whether each row of the loop's leading dims (the rows the thread pool splits) reads and
+    writes C only in that row: every access is through a row-major view of all of C whose
+    leading dims are the loop's (from 0, step 1) and whose last dim is C's row (n), indexed by
+    the loop's leading induction variables; and the loop writes neither GEMM operand."""
+    accesses = _accesses(loop)
+    k = row_dims(loop)
+    if accesses is None or k < 1:
+        return False
+    bounds = loop_bounds(loop)[:k]
+    if any(int_constant(lb) != 0 or int_constant(step) != 1 for lb, _, step in bounds):
+        return False
+    ivs = list(loop.regions[0].blocks[0].arguments)[:k]
+    operands = {_root(b) for b in (_buffer_of_pointer(call.operands[_A]), _buffer_of_pointer(call.operands[_B])) if b is not None}
+    n = _strip_cast(call.operands[_N])
+    touches_c = False
+    for ref, indices, writes in accesses:
+        root = _root(ref)
+        if writes and root in operands:
+            return False
+        if root != c:
+            continue
+        touches_c = True
+        t = ir.MemRefType(ref.type)
+        if (t.rank != k + 1 or not _contiguous_view_of(ref, c) or indices[:k] != ivs
+                or not all(_same_size(_dim_value(ref, i), ub) for i, (_, ub, _) in enumerate(bounds))
+                or not _same_size(_dim_value(ref, k), n)):
+            return False
+    return touches_c
+
+
+def fuse_gemm_epilogues(module: ir.Module) -> int:
+    """Marks each GEMM call whose result the next loop of its block consumes row by row, and that
+    loop; returns how many. Run after loop fusion (the loop is whole) and before rows are
+    collapsed (the row structure is still the loop's leading dims)."""
+    marked = 0
+    for call in [op for op in walk(module.operation) if gemm_callee(op) and not _in_parallel(op)]:
+        c = _buffer_of_pointer(call.operands[_C])
+        if c is None or isinstance(c.owner, ir.Block) or operation(c.owner).name != "memref.alloc":
+            continue
+        ops = [o.operation for o in call.block.operations]
+        loop = next((o for o in ops[ops.index(call) + 1:] if not o.name.startswith(_HOISTABLE) or o.regions), None)
+        if (loop is None or loop.name != "scf.parallel" or loop.results or _expansion_checks(loop)
+                or not _rows_only(loop, call, c)):
+            continue
+        marked += 1
+        for op in (call, loop):
+            op.attributes[EPILOGUE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), marked)
+    return marked
+
+
+def behind(op: ir.Operation) -> ir.Operation:
+    """For a GEMM call with an epilogue, the epilogue loop (which runs inside the call, so it is
+    where the call's operands are last used); any other op itself."""
+    if EPILOGUE_ATTR not in op.attributes or op.name != "func.call":
+        return op
+    mark = op.attributes[EPILOGUE_ATTR]
+    return next(o.operation for o in op.block.operations
+                if o.operation.name == "scf.parallel" and EPILOGUE_ATTR in o.operation.attributes
+                and o.operation.attributes[EPILOGUE_ATTR] == mark)
+
+
+def gemm_of(loop: ir.Operation) -> ir.Operation | None:
+    """The GEMM call an epilogue loop runs behind."""
+    if EPILOGUE_ATTR not in loop.attributes:
+        return None
+    mark = loop.attributes[EPILOGUE_ATTR]
+    return next((o.operation for o in loop.block.operations if gemm_callee(o.operation)
+                 and EPILOGUE_ATTR in o.operation.attributes and o.operation.attributes[EPILOGUE_ATTR] == mark), None)
