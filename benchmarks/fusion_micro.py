@@ -1,7 +1,9 @@
 """Fusion microbenchmarks: softmax, layer norm and a GELU chain, each compiled once with dynamic
 dims by disc_stablehlo and run at several shapes next to jax.jit; throughput in GB/s (each input
 read once and the output written once: what a fully fused kernel must move) against this
-machine's measured memory bandwidth. Then the encoder layer at (16, 256) in GFLOP/s against the
+machine's measured memory bandwidth. Then the reduction schedules (a column sum with the
+column version host code picks vs the row schedule alone), GEMM epilogues (bias + GELU behind
+the GEMM vs as a loop of its own), and the encoder layer at (16, 256) in GFLOP/s against the
 BLAS's measured SGEMM rate.
 
     python3 benchmarks/fusion_micro.py
@@ -23,6 +25,7 @@ from jax import export  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 import disc_stablehlo as disc  # noqa: E402
+from disc_stablehlo.passes import pipeline  # noqa: E402
 from models import FFN, HEADS, HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
 
 SHAPES = [(64, 256), (1024, 1024), (4096, 4096)]
@@ -56,6 +59,16 @@ def best_time(fn, *args, reps: int = 15) -> float:
     return best
 
 
+def _without(module, step: str, build):
+    """`build()` with one pipeline step switched off (for side-by-side comparisons)."""
+    kept = getattr(module, step)
+    setattr(module, step, lambda *args: 0)
+    try:
+        return build()
+    finally:
+        setattr(module, step, kept)
+
+
 def main() -> None:
     r, c = export.symbolic_shape("r, c")
     spec = jax.ShapeDtypeStruct((r, c), jnp.float32)
@@ -73,7 +86,30 @@ def main() -> None:
             gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, x)
             print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")
 
+    print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'row only':>10} {'jax GB/s':>10}  version run")
+    column_sum = disc.compile(lambda x: x.sum(0), spec)
+    row_only = _without(pipeline, "schedule_column_reductions", lambda: disc.compile(lambda x: x.sum(0), spec))
+    jitted = jax.jit(lambda x: x.sum(0))
+    for shape in [(4096, 8), (4096, 256), (256, 4096), (8192, 1024)]:
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        before = column_sum.stats()
+        rates = [x.nbytes / 1e9 / best_time(f, x) for f in (column_sum, row_only, jitted)]
+        after = column_sum.stats()
+        ran = [k.version for k in column_sum.kernels if after[k.name]["calls"] > before[k.name]["calls"]]
+        print(f"{'':<12} {str(shape):>12} {rates[0]:>10.1f} {rates[1]:>10.1f} {rates[2]:>10.1f}  {', '.join(ran)}")
+
     n, = export.symbolic_shape("n")
+    print(f"\n{'epilogue':<12} {'shape':>12} {'behind ms':>10} {'apart ms':>10} {'jax ms':>10}")
+    dense = lambda x, w, b: jax.nn.gelu(x @ w + b, approximate=False)  # noqa: E731
+    specs = (jax.ShapeDtypeStruct((n, 1024), jnp.float32), jax.ShapeDtypeStruct((1024, 1024), jnp.float32),
+             jax.ShapeDtypeStruct((1024,), jnp.float32))
+    behind = disc.compile(dense, *specs)
+    apart = _without(pipeline, "fuse_gemm_epilogues", lambda: disc.compile(dense, *specs))
+    for rows in (64, 1024, 4096):
+        args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(rows, 1024), (1024, 1024), (1024,)])]
+        times = [best_time(f, *args) * 1e3 for f in (behind, apart, jax.jit(dense))]
+        print(f"{'bias+GELU':<12} {str((rows, 1024)):>12} {times[0]:>10.2f} {times[1]:>10.2f} {times[2]:>10.2f}")
+
     a = np.random.default_rng(2).standard_normal((4096, 1024)).astype(np.float32)
     w = np.random.default_rng(3).standard_normal((1024, 1024)).astype(np.float32)
     gemm = disc.compile(lambda x, y: x @ y, jax.ShapeDtypeStruct((n, 1024), jnp.float32), jax.ShapeDtypeStruct((1024, 1024), jnp.float32))

@@ -163,3 +163,28 @@ def test_gemm_epilogues_run_behind_the_gemm(name, fn, shapes, fused, monkeypatch
         after = f.stats()[behind[0].name]
         assert after["calls"] - before[behind[0].name]["calls"] == 3
         assert after["fused"] - before[behind[0].name]["fused"] >= 1  # (16, 64): row blocks on the pool
+
+
+def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
+    """A reduction over a non-innermost dim runs, when the innermost extent is at least a vector,
+    as blocks of columns with the reduction loop outside a contiguous loop (the "column"
+    version), otherwise each column on its own (the "row" version); the statistics say which
+    ran. With a static innermost extent the choice is made at compile time."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    def fn(x, y):
+        return x.max(0), jnp.tanh(y.mean(1))  # over rows of [r, c]; over the sequence of [b, s, 64]
+
+    f = disc.compile(fn, *specs_for([(("r", "c"), np.float32), (("b", "s", 64), np.float32)], "r, c, b, s"))
+    versions = sorted(k.version for k in f.kernels)
+    assert versions == ["column", "column", "row"], [str(k) for k in f.kernels]
+    row = next(k for k in f.kernels if k.version == "row")
+    for (r, c), (b, s) in [((4096, 5), (2, 3)), ((3, 300), (7, 40)), ((1, 16), (1, 1))]:
+        rng = np.random.default_rng(r * c)
+        x, y = rng.standard_normal((r, c)).astype(np.float32), rng.standard_normal((b, s, 64)).astype(np.float32)
+        before = f.stats()[row.name]["calls"]
+        mx, mean = f(x, y)
+        np.testing.assert_array_equal(mx, x.max(0))
+        np.testing.assert_allclose(mean, np.tanh(y.mean(1)), rtol=1e-5, atol=1e-6)
+        assert f.stats()[row.name]["calls"] - before == (c < 16)

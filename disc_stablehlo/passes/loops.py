@@ -359,6 +359,122 @@ def hoist_invariant_loads(module: ir.Module) -> int:
 
 VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
 
+COLUMN_BLOCK = 64  # columns per block of the column schedule: 4 AVX-512 vectors of f32, 256 bytes per row
+COLUMN_MIN = 16    # the column version runs when the innermost extent is at least this (one f32 vector)
+
+
+def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -> ir.Operation:
+    """Puts `loop` and a copy of it under `scf.if use_first`: the loop runs when the condition
+    holds, the copy otherwise; returns the copy. Each is marked with its version name."""
+    with ir.InsertionPoint(loop), loop.location:
+        branch = ir.Operation.create("scf.if", operands=[use_first], regions=2)
+    first, second = (branch.regions[i].blocks.append() for i in range(2))
+    for block in (first, second):
+        with ir.InsertionPoint(block), loop.location:
+            ir.Operation.create("scf.yield")
+    copy = loop.clone(ir.InsertionPoint(list(second.operations)[0]))
+    loop.move_before(list(first.operations)[0])
+    prefix = f"{ir.StringAttr(loop.attributes[VERSION_ATTR]).value}, " if VERSION_ATTR in loop.attributes else ""
+    loop.attributes[VERSION_ATTR] = ir.StringAttr.get(prefix + names[0])
+    copy.attributes[VERSION_ATTR] = ir.StringAttr.get(prefix + names[1])
+    return copy
+
+
+def _column_reduction(loop: ir.Operation) -> ir.Operation | None:
+    """The reduction loop of a parallel loop whose rows reduce along a non-innermost dim: its
+    body is one `scf.for` (no carried values) with ops around it that neither feed it nor each
+    other across it, and inside, the loop's innermost induction variable is the last index of a
+    load while the reduction's is never a last index. None for anything else."""
+    body = loop.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations][:-1]
+    fors = [o for o in ops if o.name == "scf.for"]
+    if len(fors) != 1 or fors[0].results or any(o.regions for o in ops if o != fors[0]):
+        return None
+    red = fors[0]
+    n = body.arguments[len(body.arguments) - 1]
+    if int_constant(loop_bounds(loop)[-1][2]) != 1:
+        return None
+    i = ops.index(red)
+    for group in (ops[:i], [red], ops[i + 1:]):
+        inside = [x for op in group for x in walk(op)]
+        for op in inside:
+            for v in op.results:
+                if any(not any(operation(u.owner) == x for x in inside) for u in v.uses):
+                    return None  # a value crosses groups
+    last = [list(op.operands)[-1] for op in walk(red) if op.name == "memref.load" and len(list(op.operands)) > 1]
+    m = red.regions[0].blocks[0].arguments[0]
+    return red if any(v == n for v in last) and not any(v == m for v in last) else None
+
+
+def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
+    """parallel (..., n) { pre; for m { body }; post } ->
+    parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }"""
+    bounds = loop_bounds(loop)
+    lb, ub, _ = bounds[-1]
+    old = loop.regions[0].blocks[0]
+    ops = [o.operation for o in old.operations][:-1]
+    i = ops.index(red)
+    with ir.InsertionPoint(loop), loop.location:
+        block = index_constant(COLUMN_BLOCK)
+        count = _binary("arith.ceildivsi", _binary("arith.subi", ub, lb), block)
+        new, body = _new_loop(bounds[:-1] + [(index_constant(0), count, index_constant(1))])
+    for a, b in zip(list(old.arguments)[:-1], list(body.arguments)[:-1]):
+        a.replace_all_uses_with(b)
+    n_old = old.arguments[len(old.arguments) - 1]
+    terminator = list(body.operations)[-1]
+    with ir.InsertionPoint(terminator), loop.location:
+        start = _binary("arith.addi", lb, _binary("arith.muli", body.arguments[len(body.arguments) - 1], block))
+        end = _binary("arith.minsi", _binary("arith.addi", start, block), ub)
+
+    def columns(group: list[ir.Operation], where: ir.Operation) -> None:
+        """A loop over the block's columns at `where` running `group`."""
+        with ir.InsertionPoint(where), loop.location:
+            inner = ir.Operation.create("scf.for", operands=[start, end, index_constant(1)], regions=1)
+            inner_body = inner.regions[0].blocks.append(ir.IndexType.get())
+        with ir.InsertionPoint(inner_body), loop.location:
+            yield_op = ir.Operation.create("scf.yield")
+        for op in group:
+            op.move_before(yield_op)
+            for x in walk(op):
+                for k, v in enumerate(x.operands):
+                    if v == n_old:
+                        x.operands[k] = inner_body.arguments[0]
+
+    if ops[:i]:
+        columns(ops[:i], terminator)
+    red.move_before(terminator)
+    red_body = red.regions[0].blocks[0]
+    red_ops = [o.operation for o in red_body.operations]
+    columns(red_ops[:-1], red_ops[-1])
+    if ops[i + 1:]:
+        columns(ops[i + 1:], terminator)
+    _replace(loop, new)
+
+
+def schedule_column_reductions(module: ir.Module) -> int:
+    """Speculation on the reduction schedule. A loop whose rows reduce along a dim that is not
+    the innermost (a column reduction: a sum over the sequence of [b, s, h], over the batch of
+    [n, h]) walks its input a whole row apart per step when each column runs its own reduction
+    loop (the "row" schedule). The "column" schedule splits the columns into blocks and runs, per
+    block, the reduction loop outside a contiguous, vectorisable loop over the block's columns,
+    accumulating in the output row (which stays in L1). Host code runs the column version when
+    the innermost extent is at least one vector wide, the row version otherwise; each is its own
+    kernel, so the statistics say which ran. Runs before rows are collapsed. Returns the count."""
+    changed = 0
+    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)]:
+        red = _column_reduction(loop)
+        if red is None:
+            continue
+        lb, ub, _ = loop_bounds(loop)[-1]
+        with ir.InsertionPoint(loop), loop.location:
+            wide = create_value("arith.cmpi", [_binary("arith.subi", ub, lb), index_constant(COLUMN_MIN)],
+                                ir.IntegerType.get_signless(1), predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 5))
+        _versions(loop, wide, ("column", "row"))
+        _column_schedule(loop, _column_reduction(loop))
+        changed += 1
+    return changed
+
+
 
 def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
     """The run-time broadcast checks a loop's indexing depends on: conditions `d == 1` computed
@@ -394,18 +510,10 @@ def version_broadcasts(module: ir.Module) -> int:
             expands = checks[0]
             for c in checks[1:]:
                 expands = _binary("arith.ori", expands, c)
-            branch = ir.Operation.create("scf.if", operands=[expands], regions=2)
-        general, fast = (branch.regions[i].blocks.append() for i in range(2))
-        for block in (general, fast):
-            with ir.InsertionPoint(block), loop.location:
-                ir.Operation.create("scf.yield")
-        copy = loop.clone(ir.InsertionPoint(list(fast.operations)[0]))
-        loop.move_before(list(general.operations)[0])
+        copy = _versions(loop, expands, ("general", "broadcast-free"))
         for inner in walk(copy):
             for i, v in enumerate(inner.operands):
                 if v in checks:
                     inner.operands[i] = false
-        loop.attributes[VERSION_ATTR] = ir.StringAttr.get("general")
-        copy.attributes[VERSION_ATTR] = ir.StringAttr.get("broadcast-free")
         versioned += 1
     return versioned

@@ -22,7 +22,7 @@ from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
 from .fusion import forward_uniform_operands
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
-                    version_broadcasts)
+                    schedule_column_reductions, version_broadcasts)
 from .lower import lower_module
 from .math_ops import keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
@@ -123,6 +123,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         #    are what the thread pool splits
         fuse_loops(module)
         fuse_gemm_epilogues(module)
+        schedule_column_reductions(module)
         collapse_rows(module)
         accumulate_in_registers(module)
         hoist_invariant_loads(module)
