@@ -20,7 +20,7 @@ from .loops import _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 GEMM_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
-_A, _B, _C, _N = 4, 8, 12, 2  # operand positions of the GEMM call: A, B and C pointers, n
+_A, _B, _C, _N = 5, 10, 15, 3  # operand positions of the GEMM call: A, B and C pointers, n
 _CONTIGUOUS_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reshape")
 
 

@@ -11,17 +11,14 @@ from .lower import LoweringState, Text, register_rewrite
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
 
 
-def _pointer(t: Text, buffer: str, btype: str, elem: str) -> tuple[str, list[str]]:
-    """The address of a buffer's first element and its strides."""
-    rank = 3
+def _pointer(t: Text, buffer: str, btype: str, elem: str) -> str:
+    """The address of a buffer's first element (identity layout: no offset)."""
+    rank = ir.MemRefType(ir.Type.parse(btype)).rank
     meta = t.fresh("meta")
     sizes = ", ".join(["index"] * (1 + 2 * rank))
     t.emit(f"{meta}:{2 + 2 * rank} = memref.extract_strided_metadata {buffer} : {btype} -> memref<{elem}>, {sizes}")
     base = t(f"memref.extract_aligned_pointer_as_index {meta}#0 : memref<{elem}> -> index")
-    off = t(f"arith.muli {meta}#1, {t.const(GEMM_ELEMENT_TYPES[elem])} : index")
-    addr = t(f"arith.index_cast {t(f'arith.addi {base}, {off} : index')} : index to i64")
-    return t(f"llvm.inttoptr {addr} : i64 to !llvm.ptr"), [
-        t(f"arith.index_cast {meta}#{2 + rank + i} : index to i64") for i in range(rank)]
+    return t(f"llvm.inttoptr {t(f'arith.index_cast {base} : index to i64')} : i64 to !llvm.ptr")
 
 
 def _product(t: Text, dims: list[str]) -> str:
@@ -31,17 +28,44 @@ def _product(t: Text, dims: list[str]) -> str:
     return acc
 
 
-def _as_3d(t: Text, value: str, vtype: ir.Type, perm: list[int], groups: list[list[int]], elem: str) -> tuple[str, list[str]]:
-    """Transposes `value` so the groups are contiguous and reshapes it to 3-D [g0, g1, g2]."""
+def _identity_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
+    """`value` as a buffer in row-major order (bufferization copies a view that is not)."""
+    rt = ir.RankedTensorType(vtype)
+    mtype = f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
+    return t(f"bufferization.to_buffer {value} read_only : {vtype} to {mtype}"), mtype
+
+
+def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem: str,
+             inner: str) -> tuple[str, list[str], list[str]]:
+    """A GEMM operand: its address, the element strides of the outer batch level, the inner
+    batch level (`inner` entries), its rows and its columns, and the sizes of the three groups
+    (batch dims, then the dims of its rows and of its columns). Groups of at most one dim each
+    (two for the batch) are read in place at their strides, whatever their order in memory (a
+    transposed view, e.g. the heads of [batch, seq, heads, dim], costs no copy); otherwise the
+    operand is transposed so each group is contiguous and reshaped to 3-D."""
     rt = ir.RankedTensorType(vtype)
     dims = t.dims(value, vtype)
+    batch, rows, cols = groups
+    perm = batch + rows + cols
+    if (perm != list(range(rt.rank)) and len(batch) <= 2 and len(rows) <= 1 and len(cols) <= 1
+            and rt.rank - 1 in rows + cols):  # the contiguous dim is the rows' or the columns'
+        buffer, mtype = _identity_buffer(t, value, vtype, elem)
+        strides = [_product(t, dims[d + 1:]) for d in range(rt.rank)]
+        zero = t.const(0)
+        outer, inner_stride = ([zero, zero] + [strides[d] for d in batch])[-2:]
+        rows_stride, cols_stride = (strides[g[0]] if g else zero for g in (rows, cols))
+        sizes = [_product(t, [dims[d] for d in g]) for g in groups]
+        return _pointer(t, buffer, mtype, elem), [outer, inner_stride, rows_stride, cols_stride], sizes
     ttype = str(vtype)
     if perm != list(range(rt.rank)):
         ttype = f"tensor<{''.join(f'{rt.shape[p] if not rt.is_dynamic_dim(p) else chr(63)}x' for p in perm)}{elem}>"
         value = t(f"stablehlo.transpose {value}, dims = {perm} : ({vtype}) -> {ttype}")
     sizes = [_product(t, [dims[d] for d in g]) for g in groups]
     shape = t(f"tensor.from_elements {', '.join(sizes)} : tensor<3xindex>")
-    return t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>"), sizes
+    flat = t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>")
+    buffer, mtype = _identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem)
+    entry, row = t(f"arith.muli {sizes[1]}, {sizes[2]} : index"), sizes[2]
+    return _pointer(t, buffer, mtype, elem), [t(f"arith.muli {entry}, {inner} : index"), entry, row, t.const(1)], sizes
 
 
 def _unflatten(t: Text, c: str, elem: str, out_t: ir.RankedTensorType, group_sizes: list[int], out_dims: list[str]) -> str:
@@ -88,30 +112,44 @@ def _is_blas_dot(op: ir.Operation) -> bool:
     return len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys()
 
 
+def _fold_transpose(op: ir.Operation, side: int, batch: list[int], contracting: list[int]) -> tuple[list[int], list[int]]:
+    """A transposed operand is read through the transpose (the GEMM takes any strides): the dims
+    map back to the transpose's input, when its free dims keep their order (they order the
+    result's dims). Returns the operand's batch and contracting dims after the fold."""
+    v = op.operands[side]
+    if isinstance(v.owner, ir.Block) or v.owner.name != "stablehlo.transpose":
+        return batch, contracting
+    perm = list(ir.DenseI64ArrayAttr(v.owner.attributes["permutation"]))
+    free = [perm[d] for d in range(len(perm)) if d not in batch + contracting]
+    if free != sorted(free):
+        return batch, contracting
+    op.operands[side] = v.owner.operands[0]
+    return [perm[d] for d in batch], [perm[d] for d in contracting]
+
+
 @register_rewrite("stablehlo.dot_general", when=_is_blas_dot)
 def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     elem = str(ir.RankedTensorType(op.result.type).element_type)
-    lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in op.operands)
     dn = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
-    rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
+    lb, lc = _fold_transpose(op, 0, list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions))
+    rb, rc = _fold_transpose(op, 1, list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions))
+    op.attributes["dot_dimension_numbers"] = _stablehlo.DotDimensionNumbers.get(lb, rb, lc, rc)
+    lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in op.operands)
     lf = [d for d in range(lhs_t.rank) if d not in lb and d not in lc]
     rf = [d for d in range(rhs_t.rank) if d not in rb and d not in rc]
     t = Text()
-    a, (b, m, k) = _as_3d(t, "%a0", lhs_t, lb + lf + lc, [lb, lf, lc], elem)
-    bb, (_, _, n) = _as_3d(t, "%a1", rhs_t, rb + rc + rf, [rb, rc, rf], elem)
-    dyn3 = f"tensor<?x?x?x{elem}>"
-    strided = f"memref<?x?x?x{elem}, strided<[?, ?, ?], offset: ?>>"
-    ma = t(f"bufferization.to_buffer {a} read_only : {dyn3} to {strided}")
-    mb = t(f"bufferization.to_buffer {bb} read_only : {dyn3} to {strided}")
+    inner = t.dim("%a0", lhs_t, lb[-1]) if lb else t.const(1)  # the batch's last dim: its inner level
+    pa, sa, (b, m, k) = _operand(t, "%a0", lhs_t, [lb, lf, lc], elem, inner)
+    pb, sb, (_, _, n) = _operand(t, "%a1", rhs_t, [rb, rc, rf], elem, inner)
     mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
-    pa, sa = _pointer(t, ma, strided, elem)
-    pb, sb = _pointer(t, mb, strided, elem)
-    pc, _ = _pointer(t, mc, f"memref<?x?x?x{elem}>", elem)
-    b64, m64, n64, k64 = (t(f"arith.index_cast {d} : index to i64") for d in (b, m, n, k))
+    pc = _pointer(t, mc, f"memref<?x?x?x{elem}>", elem)
+    outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {t.const(1)} : index')} : index")
+    ints = [t(f"arith.index_cast {d} : index to i64") for d in [outer, inner, m, n, k] + sa + sb]
     fn = f"disc_ral_gemm_{elem}"
-    sig = "(i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, !llvm.ptr, i64, i64, i64, !llvm.ptr) -> ()"
-    t.emit(f"func.call @{fn}({b64}, {m64}, {n64}, {k64}, {pa}, {', '.join(sa)}, {pb}, {', '.join(sb)}, {pc}) : {sig}")
+    sig = "(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> ()"
+    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:] + [pc]
+    t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
+    dyn3 = f"tensor<?x?x?x{elem}>"
     c = t(f"bufferization.to_tensor {mc} restrict writable : memref<?x?x?x{elem}> to {dyn3}")
     out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
     result = _unflatten(t, c, elem, ir.RankedTensorType(op.result.type), [len(lb), len(lf), len(rf)], out_dims)

@@ -543,7 +543,7 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
 typedef struct {
   ral_runtime *rt;
   int is_double;
-  int64_t m, n, k, lda, ldb, sa_b, sb_b, rows_per_task, row_tasks, cols_per_task, col_tasks;
+  int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, sb_b, sb_i, rows_per_task, row_tasks, cols_per_task, col_tasks;
   int ta, tb;
   const void *a, *b;
   void *c;
@@ -554,6 +554,7 @@ typedef struct {
 
 #define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
 #define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
+#define RAL_EPILOGUE_TASKS_PER_THREAD 4
 
 static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   gemm_job *g = data;
@@ -565,8 +566,9 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
     int64_t cols = g->n - col0 < g->cols_per_task ? g->n - col0 : g->cols_per_task;
     /* block of op(A): rows advance by lda when A is not transposed, by 1 when it is; columns of
      * op(B) advance by 1 when B is not transposed, by ldb when it is */
-    int64_t a_off = batch * g->sa_b + row0 * (g->ta == NO_TRANS ? g->lda : 1);
-    int64_t b_off = batch * g->sb_b + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
+    int64_t outer = batch / g->inner, in = batch % g->inner;
+    int64_t a_off = outer * g->sa_b + in * g->sa_i + row0 * (g->ta == NO_TRANS ? g->lda : 1);
+    int64_t b_off = outer * g->sb_b + in * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
     int64_t c_off = (batch * g->m + row0) * g->n + col0;
     if (g->is_double)
       g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
@@ -635,10 +637,14 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     if (!empty) memset(g->c, 0, (size_t)(batch * g->m * g->n) * (g->is_double ? sizeof(double) : sizeof(float)));
     g->epilogue = NULL;
   } else {
-    gemm_split(g, batch, ral_runtime_num_threads(ctx->rt));
+    int threads = ral_runtime_num_threads(ctx->rt);
+    gemm_split(g, batch, threads);
     int64_t tasks = batch * g->row_tasks * g->col_tasks;
     int pooled = batch * g->m * g->n * g->k >= (1 << 18) && tasks > 1;
-    if (g->col_tasks > 1 || !pooled) g->epilogue = NULL; /* after the product, on the pool or not by its own work */
+    /* behind the blocks only with whole rows and enough tasks for the pool to balance them (a
+     * thread that runs late would otherwise hold back its block's epilogue too); else after the
+     * product, on the pool or not by its own work */
+    if (g->col_tasks > 1 || !pooled || tasks < RAL_EPILOGUE_TASKS_PER_THREAD * threads) g->epilogue = NULL;
     if (pooled)
       ral_parallel_for(ctx, gemm_tasks, g, 0, tasks, 1);
     else
@@ -653,20 +659,22 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
 }
 
 #define DEFINE_GEMM(NAME, T, IS_DOUBLE)                                                          \
-  void NAME##_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b, \
-                       int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k,       \
-                       int64_t sb_n, T *c, ral_parallel_body epilogue, void *epilogue_data,      \
-                       int64_t rows, int64_t work) {                                             \
-    gemm_job g = {.is_double = IS_DOUBLE, .m = m, .n = n, .k = k, .sa_b = sa_b, .sb_b = sb_b,   \
-                  .a = a, .b = b, .c = c, .epilogue = epilogue, .epilogue_data = epilogue_data}; \
+  void NAME##_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, \
+                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b,       \
+                       int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, T *c,             \
+                       ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work) { \
+    gemm_job g = {.is_double = IS_DOUBLE, .inner = inner > 0 ? inner : 1, .m = m, .n = n, .k = k, \
+                  .sa_b = sa_b, .sa_i = sa_i, .sb_b = sb_b, .sb_i = sb_i, .a = a, .b = b, .c = c,  \
+                  .epilogue = epilogue, .epilogue_data = epilogue_data};                         \
     g.rt = tls_context ? tls_context->rt : NULL;                                                 \
     atomic_init(&g.epilogue_ns, 0);                                                              \
-    gemm_run((const void *)NAME, #NAME, &g, batch, sa_m, sa_k, sb_k, sb_n, rows, work);          \
+    gemm_run((const void *)NAME, #NAME, &g, batch * inner, sa_m, sa_k, sb_k, sb_n, rows, work);  \
   }                                                                                              \
-  void NAME(int64_t batch, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b,           \
-            int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_k, int64_t sb_n,   \
-            T *c) {                                                                              \
-    NAME##_epilogue(batch, m, n, k, a, sa_b, sa_m, sa_k, b, sb_b, sb_k, sb_n, c, NULL, NULL, 0, 0); \
+  void NAME(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b, \
+            int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_i,    \
+            int64_t sb_k, int64_t sb_n, T *c) {                                                  \
+    NAME##_epilogue(batch, inner, m, n, k, a, sa_b, sa_i, sa_m, sa_k, b, sb_b, sb_i, sb_k, sb_n, c, \
+                    NULL, NULL, 0, 0);                                                           \
   }
 
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)

@@ -129,7 +129,7 @@ static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64
   float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
   for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
-  disc_ral_gemm_f32(1, m, n, k, a, 0, sa_m, sa_k, b, 0, sb_k, sb_n, c);
+  disc_ral_gemm_f32(1, 1, m, n, k, a, 0, 0, sa_m, sa_k, b, 0, 0, sb_k, sb_n, c);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t i = 0; i < m && ok; i++)
     for (int64_t j = 0; j < n; j++) {
@@ -165,7 +165,7 @@ static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int
   for (int64_t i = 0; i < batch * m * k; i++) a[i] = (float)((i * 5) % 9) - 4;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
   epilogue_data e = {.c = c, .n = n, .seen = seen};
-  disc_ral_gemm_f32_epilogue(batch, m, n, k, a, m * k, k, 1, b, 0, n, 1, c, add_one, &e, batch * m, batch * m * n);
+  disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, add_one, &e, batch * m, batch * m * n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t bi = 0; bi < batch; bi++)
     for (int64_t i = 0; i < m && ok; i++) {
@@ -183,6 +183,31 @@ static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int
   return ok;
 }
 
+/* Attention scores per head straight from [B, S, H, D] buffers: batch levels (B, H) with strides
+ * (S*H*D, D), rows S with stride H*D, D contiguous; B operand transposed (n = S with stride H*D). */
+static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, int64_t d) {
+  float *q = malloc(sizeof(float) * nb * s * h * d), *k = malloc(sizeof(float) * nb * s * h * d);
+  float *c = malloc(sizeof(float) * nb * h * s * s);
+  for (int64_t i = 0; i < nb * s * h * d; i++) {
+    q[i] = (float)((i * 7) % 13) - 6;
+    k[i] = (float)((i * 5) % 11) - 5;
+  }
+  disc_ral_gemm_f32(nb, h, s, s, d, q, s * h * d, d, h * d, 1, k, s * h * d, d, 1, h * d, c);
+  int ok = ral_context_status(ctx) == RAL_OK;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t x = 0; x < h; x++)
+      for (int64_t i = 0; i < s; i++)
+        for (int64_t j = 0; j < s; j++) {
+          float ref = 0;
+          for (int64_t e = 0; e < d; e++) ref += q[((b * s + i) * h + x) * d + e] * k[((b * s + j) * h + x) * d + e];
+          ok &= c[((b * h + x) * s + i) * s + j] == ref;
+        }
+  free(q);
+  free(k);
+  free(c);
+  return ok;
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -191,7 +216,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   float a[2 * 3 * 4], bt[2 * 5 * 4], c[2 * 3 * 5];
   for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
   for (int i = 0; i < 40; i++) bt[i] = (float)(i % 5) * 0.5f;
-  disc_ral_gemm_f32(2, 3, 5, 4, a, 12, 4, 1, bt, 20, 1, 4, c);
+  disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 4, 1, bt, 0, 20, 1, 4, c);
   if (have_blas) {
     CHECK(ral_context_status(ctx) == RAL_OK);
     int ok = 1;
@@ -209,15 +234,17 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   if (have_blas) {
     CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
-    CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40));  /* behind row blocks */
-    CHECK(gemm_epilogue_matches(ctx, 6, 50, 64, 32));   /* behind whole batch entries */
+    CHECK(gemm_heads_match(ctx, 3, 40, 4, 16));       /* two batch levels, transposed views */
+    CHECK(gemm_heads_match(ctx, 1, 5, 2, 3));         /* small: inline */
+    CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40));  /* row blocks, one per thread: after the product */
+    CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32));  /* behind each of 16 batch entries */
     CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128));  /* column blocks: after the product */
     CHECK(gemm_epilogue_matches(ctx, 2, 3, 5, 4));      /* small: inline */
     CHECK(gemm_epilogue_matches(ctx, 1, 4, 5, 0));      /* k == 0: zeros, then the epilogue */
     ral_kernel_stat st;
     ral_kernel_stats((const void *)add_one, &st);
-    CHECK(st.calls == 5 && st.fused_calls == 2); /* the two pooled products with whole rows */
-    disc_ral_gemm_f32_epilogue(1, 4, 5, 3, NULL, 0, 3, 1, NULL, 0, 5, 1, NULL, add_one, NULL, 7, 20);
+    CHECK(st.calls == 5 && st.fused_calls == 1); /* the product with enough whole-row tasks */
+    disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 3, 1, NULL, 0, 0, 5, 1, NULL, add_one, NULL, 7, 20);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
   }
   ral_context_enter(prev);

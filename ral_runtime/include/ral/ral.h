@@ -105,29 +105,33 @@ typedef struct {
 } ral_unranked_memref;
 void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_memref *dst);
 
-/* Batched GEMM C[b] = op(A[b]) x op(B[b]) on row-major strided views.
- * A: [batch, m, k] with strides (sa_b, sa_m, sa_k); B: [batch, k, n] likewise; C: [batch, m, n]
- * contiguous. Strides are in elements. */
-void disc_ral_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
-                       int64_t sa_b, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
-                       int64_t sb_k, int64_t sb_n, float *c);
-void disc_ral_gemm_f64(int64_t batch, int64_t m, int64_t n, int64_t k, const double *a,
-                       int64_t sa_b, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
-                       int64_t sb_k, int64_t sb_n, double *c);
+/* Batched GEMM C[i, j] = op(A[i, j]) x op(B[i, j]) on row-major strided views, over batch
+ * entries (i, j) in [0, batch) x [0, inner) (two batch levels with strides of their own, so a
+ * transposed view, e.g. attention heads inside a [batch, seq, heads, dim] buffer, needs no copy).
+ * A: [batch, inner, m, k] with strides (sa_b, sa_i, sa_m, sa_k); B: [batch, inner, k, n]
+ * likewise; C: [batch * inner, m, n] contiguous. Strides are in elements. */
+void disc_ral_gemm_f32(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
+                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
+                       int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c);
+void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
+                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
+                       int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c);
 
 /* The same with an epilogue: a parallel loop body over the rows of C ([0, rows), rows ==
- * batch * m) that reads C only in its own rows. When the product runs on the pool in row
- * blocks, it runs on each block right after the block is computed, by the same thread;
- * otherwise (a small product, or few rows split into column blocks) it runs after the product
- * as disc_ral_parallel_for(epilogue, data, rows, work). */
-void disc_ral_gemm_f32_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a,
-                                int64_t sa_b, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
-                                int64_t sb_k, int64_t sb_n, float *c, ral_parallel_body epilogue,
-                                void *epilogue_data, int64_t rows, int64_t work);
-void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t m, int64_t n, int64_t k, const double *a,
-                                int64_t sa_b, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
-                                int64_t sb_k, int64_t sb_n, double *c, ral_parallel_body epilogue,
-                                void *epilogue_data, int64_t rows, int64_t work);
+ * batch * inner * m) that reads C only in its own rows. When the product runs on the pool in
+ * blocks of whole rows, at least 4 per thread (so the pool balances them: batched products such
+ * as attention scores), it runs on each block right after the block is computed, by the same
+ * thread, while the block is in cache; otherwise (a small product, one row block per thread,
+ * or few rows split into column blocks) after the product, as disc_ral_parallel_for(epilogue,
+ * data, rows, work). */
+void disc_ral_gemm_f32_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
+                                int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b,
+                                int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c,
+                                ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
+void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
+                                int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b,
+                                int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c,
+                                ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 
 #ifdef __cplusplus
 }
