@@ -16,9 +16,8 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..mlir_support import int_constant, operation, walk
-from .loops import _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
+from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
 
-EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 GEMM_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
 _A, _B, _C, _N = 5, 10, 15, 3  # operand positions of the GEMM call: A, B and C pointers, n
 _CONTIGUOUS_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reshape")

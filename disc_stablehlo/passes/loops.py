@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, defined_outside, index_constant, int_constant, nested_in, operation, walk
+from ..mlir_support import (create_value, defined_outside, facts_relied_on, index_constant, int_constant, nested_in,
+                            operation, walk)
+
+EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 
 # ops between two loops that may move above the first one (their operands permitting)
 _HOISTABLE = ("arith.", "memref.alloc", "memref.dim", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
@@ -363,6 +366,92 @@ COLUMN_BLOCK = 64  # columns per block of the column schedule: 4 AVX-512 vectors
 COLUMN_MIN = 16    # the column version runs when the innermost extent is at least this (one f32 vector)
 
 
+def _top_loops(module: ir.Module) -> list[ir.Operation]:
+    """The outermost parallel loops that may be generated in versions (an epilogue loop runs
+    behind its GEMM call and stays next to it)."""
+    return [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results
+            and not _in_parallel(op) and EPILOGUE_ATTR not in op.attributes]
+
+
+VECTOR = 16  # elements: an AVX-512 vector of f32 (two of f64)
+
+
+def version_vector_tails(module: ir.Module) -> int:
+    """Speculation on the vector width: a loop whose innermost loops (the ones LLVM vectorises)
+    run to a dynamic bound (softmax over the sequence) is generated twice; host code runs the
+    "no tail" version, in which each such bound reads `n & -16` (the same value when it holds,
+    so the vector loop needs no scalar remainder), when every such bound divides by 16, and the
+    "tail" version (vector body plus scalar remainder) otherwise. A bound the shape facts prove
+    divisible (`dims.expose_divisibility` masked a read of it) just reads the masked value, in
+    one version. Returns the number of loops versioned."""
+    versioned = 0
+    for loop in _top_loops(module):
+        bounds = []
+        for inner in list(walk(loop))[1:]:
+            if inner.name not in ("scf.for", "scf.parallel") or not _contiguous_innermost(inner):
+                continue
+            for lb, ub, step in loop_bounds(inner):
+                if (int_constant(lb) == 0 and int_constant(step) == 1 and int_constant(ub) is None
+                        and defined_outside(ub, loop) and ub not in bounds):
+                    bounds.append(ub)
+        proven = {i: m for i, ub in enumerate(bounds) if (m := _proven_multiple(ub)) is not None}
+        _read_as(loop, bounds, proven)
+        bounds = [ub for i, ub in enumerate(bounds) if i not in proven]
+        if not bounds:
+            continue
+        with ir.InsertionPoint(loop), loop.location:
+            low, zero = index_constant(VECTOR - 1), index_constant(0)
+            divides = None
+            for ub in bounds:
+                check = create_value("arith.cmpi", [_binary("arith.andi", ub, low), zero], ir.IntegerType.get_signless(1),
+                                     predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+                divides = check if divides is None else _binary("arith.andi", divides, check)
+            masked = {i: _binary("arith.andi", ub, index_constant(-VECTOR)) for i, ub in enumerate(bounds)}
+        _versions(loop, divides, ("no tail", "tail"))
+        _read_as(loop, bounds, masked)
+        versioned += 1
+    return versioned
+
+
+def _contiguous_innermost(loop: ir.Operation) -> bool:
+    """An innermost loop that walks memory contiguously: its (last) induction variable is the
+    last index of one of its loads or stores (what LLVM vectorises)."""
+    body = list(walk(loop))[1:]
+    if any(o.name in ("scf.for", "scf.parallel") for o in body):
+        return False
+    iv = loop.regions[0].blocks[0].arguments[len(loop_bounds(loop)) - 1]
+    return any(o.name in ("memref.load", "memref.store") and len(list(o.operands)) > (2 if o.name == "memref.store" else 1)
+               and list(o.operands)[-1] == iv for o in body)
+
+
+def _read_as(loop: ir.Operation, values: list[ir.Value], replacements: dict[int, ir.Value]) -> None:
+    """Inside `loop`, uses of values[i] read replacements[i]."""
+    for inner in list(walk(loop))[1:]:
+        for k, v in enumerate(inner.operands):
+            if v in values and values.index(v) in replacements:
+                inner.operands[k] = replacements[values.index(v)]
+
+
+def _proven_multiple(v: ir.Value) -> ir.Value | None:
+    """`v & -p` (p a multiple of the vector width) when the host code computes it because the
+    shape facts proved `v` divisible by p (`dims.expose_divisibility`: the mask carries the
+    fact); `v` itself when it is such a mask."""
+    if _fact_mask(v):
+        return v
+    for use in v.uses:
+        owner = operation(use.owner)
+        if owner.name == "arith.andi" and owner.operands[0] == v and _fact_mask(owner.result):
+            return owner.result
+    return None
+
+
+def _fact_mask(v: ir.Value) -> bool:
+    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.andi" or not facts_relied_on(operation(v.owner)):
+        return False
+    mask = int_constant(operation(v.owner).operands[1])
+    return mask is not None and mask < 0 and (-mask) % VECTOR == 0
+
+
 def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -> ir.Operation:
     """Puts `loop` and a copy of it under `scf.if use_first`: the loop runs when the condition
     holds, the copy otherwise; returns the copy. Each is marked with its version name."""
@@ -461,7 +550,7 @@ def schedule_column_reductions(module: ir.Module) -> int:
     the innermost extent is at least one vector wide, the row version otherwise; each is its own
     kernel, so the statistics say which ran. Runs before rows are collapsed. Returns the count."""
     changed = 0
-    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)]:
+    for loop in _top_loops(module):
         red = _column_reduction(loop)
         if red is None:
             continue
@@ -500,7 +589,7 @@ def version_broadcasts(module: ir.Module) -> int:
     indexing (no per-element select, vectorisable); otherwise the general one. Each version is
     its own kernel, so the statistics say which ran. Returns the number of loops versioned."""
     versioned = 0
-    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)]:
+    for loop in _top_loops(module):
         checks = _expansion_checks(loop)
         if not checks:
             continue

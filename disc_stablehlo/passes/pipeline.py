@@ -22,7 +22,7 @@ from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
 from .fusion import forward_uniform_operands
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
-                    schedule_column_reductions, version_broadcasts)
+                    schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .lower import lower_module
 from .math_ops import keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
@@ -128,6 +128,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         accumulate_in_registers(module)
         hoist_invariant_loads(module)
         keep_exp_vectorised(module)
+        version_vector_tails(module)
         version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
