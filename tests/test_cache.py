@@ -37,3 +37,23 @@ def test_cache_folder_is_created(tmp_path):
     cache = tmp_path / "not" / "there" / "yet"
     assert _run(str(cache), []) == 1
     assert _run(str(cache), []) == 0
+
+
+def test_modules_that_differ_only_in_locations_share_an_entry(tmp_path, monkeypatch):
+    """JAX records the caller's stack in the module's locations (the same model exported from a
+    service's warm-up and from its request path differs only there); the cache key leaves
+    locations out, so the second finds the first's entry."""
+    import numpy as np
+
+    import disc_stablehlo as disc
+
+    text = """func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+      %0 = stablehlo.tanh %x : tensor<?x8xf32> loc(LOC)
+      return %0 : tensor<?x8xf32>
+    }"""
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    first = disc.compile(text.replace("LOC", '"service.py":12:4'))
+    second = disc.compile(text.replace("LOC", '"service.py":30:8'))
+    assert (first.compile_count, second.compile_count) == (1, 0)
+    x = np.linspace(-1, 1, 40, dtype=np.float32).reshape(5, 8)
+    np.testing.assert_allclose(second(x), np.tanh(x), rtol=1e-6)
