@@ -152,9 +152,9 @@ def behind(op: ir.Operation) -> ir.Operation:
     if EPILOGUE_ATTR not in op.attributes or op.name != "func.call":
         return op
     mark = op.attributes[EPILOGUE_ATTR]
-    return next(o.operation for o in op.block.operations
-                if o.operation.name == "scf.parallel" and EPILOGUE_ATTR in o.operation.attributes
-                and o.operation.attributes[EPILOGUE_ATTR] == mark)
+    return next((o.operation for o in op.block.operations
+                 if o.operation.name == "scf.parallel" and EPILOGUE_ATTR in o.operation.attributes
+                 and o.operation.attributes[EPILOGUE_ATTR] == mark), op)
 
 
 def gemm_of(loop: ir.Operation) -> ir.Operation | None:
