@@ -78,9 +78,11 @@ class CompiledFunction:
         return self._exe.runtime.memory_stats()
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per kernel of this function: calls, how many ran on the thread pool ("pool") and how
-        many inline ("inline": the small-size version chosen from the real sizes), and total
-        seconds; plus the library GEMM entries (counted over the whole process)."""
+        """Per kernel of this function: calls, how many ran on the thread pool ("pool"), behind
+        the row blocks of the GEMM whose epilogue it is ("fused") and inline ("inline": the
+        small-size version chosen from the real sizes), and total seconds; plus the library
+        GEMM entries (counted over the whole process). Kernels generated in versions
+        (`kernels[i].version`) count separately, so the counts say which version ran."""
         from .runtime import kernel_stats, ral, symbol_address
 
         out = {k.name: kernel_stats(symbol_address(self._exe.lib, k.name)) for k in self.kernels}
