@@ -147,6 +147,10 @@ def operation(x) -> ir.Operation:
     return x.operation if hasattr(x, "operation") else x
 
 
+def function_type(func: ir.Operation) -> ir.FunctionType:
+    return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
 def index_constant(value: int) -> ir.Value:
     """An `arith.constant` of index type at the current insertion point."""
     return ir.Operation.create("arith.constant", results=[ir.IndexType.get()],

@@ -15,7 +15,7 @@ import re
 from torch_mlir import ir
 
 from ..errors import CompileError
-from ..mlir_support import int_constant, walk
+from ..mlir_support import function_type, int_constant, walk
 from .analysis import Fact, ShapeAnalysis, ShapeFacts
 from .signature import Signature
 from .symbolic import Dim, parse_constraint, split_atom
@@ -162,7 +162,7 @@ def add_constraint_guards(module: ir.Module, entry: ir.Operation, signature: Sig
     """Adds a shape assertion per constraint at the top of the entry function."""
     if not constraints:
         return
-    arg_types = _arg_types(entry)
+    arg_types = list(function_type(entry).inputs)
     em = _Emitter(signature, arg_types, _HLO)
     for c in constraints:
         lhs, op, rhs = parse_constraint(c.text)
@@ -186,10 +186,6 @@ def add_constraint_guards(module: ir.Module, entry: ir.Operation, signature: Sig
     with ir.InsertionPoint.at_block_begin(block), entry.location:
         ir.Operation.create("func.call", operands=list(block.arguments),
                             attributes={"callee": ir.FlatSymbolRefAttr.get("__disc_constraints")})
-
-
-def _arg_types(func: ir.Operation) -> list[ir.Type]:
-    return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
 
 
 # The facts live in the IR. Those over the arguments' dims are shape-dialect constraints in a
@@ -221,7 +217,7 @@ def save_to_ir(module: ir.Module, entry: ir.Operation, signature: Signature, ana
     function and the module attribute."""
     if (old := constraint_function(module)) is not None:
         old.erase()
-    arg_types = _arg_types(entry)
+    arg_types = list(function_type(entry).inputs)
     em = _Emitter(signature, arg_types, _SHAPE)
     witnesses, rest = [], []
     for fact in analysis.facts.facts:

@@ -11,7 +11,7 @@ import re
 
 from torch_mlir import ir
 
-from ..mlir_support import walk
+from ..mlir_support import function_type, walk
 
 GUARD_FUNCTION = "disc_guard"
 
@@ -78,7 +78,7 @@ def extract_guard(module: ir.Module, entry: ir.Operation) -> list[Assertion]:
                                    attributes={"callee": ir.FlatSymbolRefAttr.get("__disc_guard_pack")})
         ir.Operation.create("func.return", operands=[call.result])
     ret.erase()
-    ftype = ir.FunctionType(ir.TypeAttr(guard.attributes["function_type"]).value)
+    ftype = function_type(guard)
     guard.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(ftype.inputs, [result_type]))
     if "res_attrs" in guard.attributes:
         del guard.attributes["res_attrs"]

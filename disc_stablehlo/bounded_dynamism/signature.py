@@ -11,6 +11,7 @@ import numpy as np
 from torch_mlir import ir
 
 from ..errors import CompileError, ShapeError
+from ..mlir_support import function_type
 
 # MLIR element type -> numpy dtype. One table, used both ways.
 ELEMENT_TYPES: dict[str, np.dtype] = {
@@ -92,7 +93,7 @@ def signature_from_function(func: ir.Operation, arg_dims: Sequence[Sequence[Dim]
                             arg_names: Sequence[str] | None = None) -> Signature:
     """Reads the signature of `func`; dims the frontend named (JAX's symbolic dims) override the
     per-argument placeholders that unknown `?` dims otherwise get."""
-    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    ftype = function_type(func)
     names = list(arg_names) if arg_names else [f"arg{i}" for i in range(len(ftype.inputs))]
     args = tuple(spec_from_type(names[i], t, arg_dims[i] if arg_dims else None) for i, t in enumerate(ftype.inputs))
     results = tuple(spec_from_type(f"result{i}", t) for i, t in enumerate(ftype.results))

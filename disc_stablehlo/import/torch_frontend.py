@@ -12,6 +12,7 @@ from torch_mlir import ir
 
 from ..bounded_dynamism import signature_from_function
 from ..errors import CompileError
+from ..mlir_support import function_type
 from . import Imported, find_entry, parse_stablehlo, register_frontend
 
 
@@ -240,7 +241,7 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Imported:
     module = parse_stablehlo(str(mlir))
     with module.context:
         inner = find_entry(module)
-        ftype = ir.FunctionType(ir.TypeAttr(inner.attributes["function_type"]).value)
+        ftype = function_type(inner)
         params, args, body = [], [], []
         for i, (x, t) in enumerate(zip(example_inputs, ftype.inputs)):
             if isinstance(x, torch.Tensor):

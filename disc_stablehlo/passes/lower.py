@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from torch_mlir import ir
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import describe, is_inside, new_private_function, walk
+from ..mlir_support import describe, function_type, is_inside, new_private_function, walk
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
 Predicate = Callable[[ir.Operation], bool]
@@ -84,7 +84,7 @@ class LoweringState:
         returns its name."""
         for op in self.module.body.operations:
             if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-                ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                ftype = function_type(op)
                 break
         else:
             raise UnsupportedOpError(f"function @{name} not found")

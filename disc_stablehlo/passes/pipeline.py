@@ -15,7 +15,7 @@ from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, b
                                             load_from_ir, record_fact, save_to_ir)
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
-from ..mlir_support import describe, run_pipeline, walk
+from ..mlir_support import describe, function_type, run_pipeline, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
@@ -77,7 +77,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         # 0. user constraints, #stablehlo.bounds and the constraints a saved module carries become shape
         #    assertions (checked by the guard)
         entry = _function(module, entry_name)
-        arg_types = list(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
+        arg_types = list(function_type(entry).inputs)
         saved, saved_facts = load_from_ir(module, signature)  # from a module compiled before
         checked = (saved + [Constraint(c, "torch.export") for c in frontend_unchecked]
                    + [Constraint(c, "user") for c in constraints] + bounds_constraints(signature, arg_types))
@@ -162,7 +162,7 @@ def _mark_entry_points(module: ir.Module, names: list[str]) -> None:
     for name in names:
         func = _function(module, name)
         func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        n = len(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
+        n = len(function_type(func).inputs)
         read_only = ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)})
         func.attributes["arg_attrs"] = ir.ArrayAttr.get([read_only] * n)
         if "res_attrs" in func.attributes:
