@@ -193,14 +193,15 @@ def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
 
 def test_transposed_gemm_operands_are_read_in_place():
     """Attention heads: q, k and v are [b, s, heads, dim] buffers read per head at their strides
-    (two batch levels), so the head transposes cost no copy: the whole function is two GEMM
-    calls and no loop. A transpose that reorders a product's free dims is still copied."""
+    (two batch levels), and the context is written per head straight into [b, s, heads, dim],
+    so the head transposes cost no copy: the whole function is two GEMM calls and no loop. A
+    transpose that reorders a product's free dims is still copied."""
     import jax.numpy as jnp
     from conftest import specs_for
 
     def heads(q, k, v):
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
-        return (q @ k.transpose(0, 1, 3, 2)) @ v
+        return ((q @ k.transpose(0, 1, 3, 2)) @ v).transpose(0, 2, 1, 3)
 
     def reordered(x, w):  # [b, s, n] -> [b, n, s] @ ...: the free dims change order
         return jnp.swapaxes(x, 1, 2) @ w

@@ -141,19 +141,58 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     inner = t.dim("%a0", lhs_t, lb[-1]) if lb else t.const(1)  # the batch's last dim: its inner level
     pa, sa, (b, m, k) = _operand(t, "%a0", lhs_t, [lb, lf, lc], elem, inner)
     pb, sb, (_, _, n) = _operand(t, "%a1", rhs_t, [rb, rc, rf], elem, inner)
-    mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
-    pc = _pointer(t, mc, f"memref<?x?x?x{elem}>", elem)
-    outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {t.const(1)} : index')} : index")
-    ints = [t(f"arith.index_cast {d} : index to i64") for d in [outer, inner, m, n, k] + sa + sb]
-    fn = f"disc_ral_gemm_{elem}"
-    sig = "(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr) -> ()"
-    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:] + [pc]
-    t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
-    dyn3 = f"tensor<?x?x?x{elem}>"
-    c = t(f"bufferization.to_tensor {mc} restrict writable : memref<?x?x?x{elem}> to {dyn3}")
     out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
-    result = _unflatten(t, c, elem, ir.RankedTensorType(op.result.type), [len(lb), len(lf), len(rf)], out_dims)
-    t.emit(f"return {result} : {op.result.type}")
+    consumer = _transposed_result(op, len(lb), len(lf), len(rf))
+    if consumer is None:  # C contiguous: [b, m, n], reshaped to the result's dims
+        mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
+        ctype = f"memref<?x?x?x{elem}>"
+        sc = [t(f"arith.muli {b}, {t(f'arith.muli {m}, {n} : index')} : index"), t(f"arith.muli {m}, {n} : index"), n]
+        sc[0] = t(f"arith.muli {sc[1]}, {inner} : index")
+    else:  # C written in place into the transposed result: its dims at their strides there
+        rt = ir.RankedTensorType(consumer.result.type)
+        perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
+        rdims = [out_dims[p] for p in perm]
+        ctype = f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
+        mc = t(f"memref.alloc({', '.join(rdims[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))}) : {ctype}")
+        stride = {p: _product(t, rdims[i + 1:]) for i, p in enumerate(perm)}  # product dim -> stride in the result
+        zero = t.const(0)
+        sc = ([zero, zero] + [stride[d] for d in range(len(lb))])[-2:] + [stride[len(lb)] if lf else n]
+    pc = _pointer(t, mc, ctype, elem)
+    outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {t.const(1)} : index')} : index")
+    ints = [t(f"arith.index_cast {d} : index to i64") for d in [outer, inner, m, n, k] + sa + sb + sc]
+    fn = f"disc_ral_gemm_{elem}"
+    sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, "
+           "i64, i64, i64) -> ()")
+    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:13] + [pc] + ints[13:]
+    t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     name = state.fresh_symbol("gemm")
-    state.replace_with_call(op, t.function(name, op), name)
+    if consumer is None:
+        dyn3 = f"tensor<?x?x?x{elem}>"
+        c = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {dyn3}")
+        result = _unflatten(t, c, elem, ir.RankedTensorType(op.result.type), [len(lb), len(lf), len(rf)], out_dims)
+        t.emit(f"return {result} : {op.result.type}")
+        state.replace_with_call(op, t.function(name, op), name)
+        return
+    result = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {consumer.result.type}")
+    t.emit(f"return {result} : {consumer.result.type}")
+    state.add_function(t.function(name, op, [consumer.result.type]))
+    with ir.InsertionPoint(consumer), consumer.location:
+        call = ir.Operation.create("func.call", results=[consumer.result.type], operands=list(op.operands),
+                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
+    consumer.result.replace_all_uses_with(call.result)
+    consumer.erase()
+    op.erase()
+
+
+def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> ir.Operation | None:
+    """The transpose that is the product's only use, when the GEMM can write its result in place
+    (batch at most two dims, rows at most one, one column dim that stays the innermost)."""
+    uses = list(op.result.uses)
+    if len(uses) != 1 or batch > 2 or rows > 1 or cols != 1:
+        return None
+    consumer = uses[0].owner
+    if consumer.name != "stablehlo.transpose":
+        return None
+    perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
+    return consumer if perm[-1] == batch + rows else None

@@ -184,9 +184,10 @@ class Text:
     def clamp(self, v: str, lo: str, hi: str) -> str:
         return self(f"arith.maxsi {self(f'arith.minsi {v}, {hi} : index')}, {lo} : index")
 
-    def function(self, name: str, op: ir.Operation) -> str:
+    def function(self, name: str, op: ir.Operation, result_types: list[ir.Type] | None = None) -> str:
+        """The function of `op`'s operands (`%a0`..) returning `result_types` (default: op's)."""
         params = ", ".join(f"%a{i}: {v.type}" for i, v in enumerate(op.operands))
-        results = ", ".join(str(r.type) for r in op.results)
+        results = ", ".join(str(r) for r in (result_types or [r.type for r in op.results]))
         body = "\n  ".join(self._constants + self.lines)
         return "\n".join(self.declarations + [f"func.func private @{name}({params}) -> ({results}) {{\n  {body}\n}}"])
 

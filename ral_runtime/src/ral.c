@@ -543,7 +543,7 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
 typedef struct {
   ral_runtime *rt;
   int is_double;
-  int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, sb_b, sb_i, rows_per_task, row_tasks, cols_per_task, col_tasks;
+  int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, sb_b, sb_i, sc_b, sc_i, ldc, rows_per_task, row_tasks, cols_per_task, col_tasks;
   int ta, tb;
   const void *a, *b;
   void *c;
@@ -569,13 +569,13 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
     int64_t outer = batch / g->inner, in = batch % g->inner;
     int64_t a_off = outer * g->sa_b + in * g->sa_i + row0 * (g->ta == NO_TRANS ? g->lda : 1);
     int64_t b_off = outer * g->sb_b + in * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
-    int64_t c_off = (batch * g->m + row0) * g->n + col0;
+    int64_t c_off = outer * g->sc_b + in * g->sc_i + row0 * g->ldc + col0;
     if (g->is_double)
       g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
-                   (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->n);
+                   (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->ldc);
     else
       g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
-                   (const float *)g->b + b_off, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->n);
+                   (const float *)g->b + b_off, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->ldc);
     if (g->epilogue) { /* whole rows only: column blocks leave the epilogue to after the product */
       int64_t start = now_ns();
       g->epilogue(g->epilogue_data, batch * g->m + row0, batch * g->m + row0 + rows);
@@ -614,8 +614,9 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
     return;
   }
-  if (g->epilogue && rows != batch * g->m) {
-    snprintf(message, sizeof message, "%s: epilogue over %lld rows of a product with %lld", name, (long long)rows,
+  if (g->epilogue && (rows != batch * g->m || g->ldc != g->n || g->sc_i != g->m * g->n ||
+                      g->sc_b != g->inner * g->m * g->n)) {
+    snprintf(message, sizeof message, "%s: epilogue over %lld rows of a product with %lld contiguous ones", name, (long long)rows,
              (long long)(batch * g->m));
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
@@ -627,14 +628,18 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
-  if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX) {
+  if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
+      g->ldc > INT32_MAX) {
     snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   int64_t start = now_ns();
   if (empty || g->k == 0) {
-    if (!empty) memset(g->c, 0, (size_t)(batch * g->m * g->n) * (g->is_double ? sizeof(double) : sizeof(float)));
+    size_t elem = g->is_double ? sizeof(double) : sizeof(float);
+    for (int64_t e = 0; !empty && e < batch; e++) /* zeros, row by row (C may be a strided view) */
+      for (int64_t r = 0; r < g->m; r++)
+        memset((char *)g->c + ((e / g->inner) * g->sc_b + (e % g->inner) * g->sc_i + r * g->ldc) * elem, 0, (size_t)g->n * elem);
     g->epilogue = NULL;
   } else {
     int threads = ral_runtime_num_threads(ctx->rt);
@@ -661,10 +666,12 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
 #define DEFINE_GEMM(NAME, T, IS_DOUBLE)                                                          \
   void NAME##_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, \
                        int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b,       \
-                       int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, T *c,             \
-                       ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work) { \
+                       int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, T *c, int64_t sc_b, \
+                       int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, \
+                       int64_t rows, int64_t work) {                                             \
     gemm_job g = {.is_double = IS_DOUBLE, .inner = inner > 0 ? inner : 1, .m = m, .n = n, .k = k, \
-                  .sa_b = sa_b, .sa_i = sa_i, .sb_b = sb_b, .sb_i = sb_i, .a = a, .b = b, .c = c,  \
+                  .sa_b = sa_b, .sa_i = sa_i, .sb_b = sb_b, .sb_i = sb_i, .sc_b = sc_b,          \
+                  .sc_i = sc_i, .ldc = ldc > 0 ? ldc : 1, .a = a, .b = b, .c = c,                \
                   .epilogue = epilogue, .epilogue_data = epilogue_data};                         \
     g.rt = tls_context ? tls_context->rt : NULL;                                                 \
     atomic_init(&g.epilogue_ns, 0);                                                              \
@@ -672,9 +679,9 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
   }                                                                                              \
   void NAME(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b, \
             int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_i,    \
-            int64_t sb_k, int64_t sb_n, T *c) {                                                  \
+            int64_t sb_k, int64_t sb_n, T *c, int64_t sc_b, int64_t sc_i, int64_t ldc) {         \
     NAME##_epilogue(batch, inner, m, n, k, a, sa_b, sa_i, sa_m, sa_k, b, sb_b, sb_i, sb_k, sb_n, c, \
-                    NULL, NULL, 0, 0);                                                           \
+                    sc_b, sc_i, ldc, NULL, NULL, 0, 0);                                          \
   }
 
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)

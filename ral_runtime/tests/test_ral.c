@@ -129,7 +129,7 @@ static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64
   float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
   for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
-  disc_ral_gemm_f32(1, 1, m, n, k, a, 0, 0, sa_m, sa_k, b, 0, 0, sb_k, sb_n, c);
+  disc_ral_gemm_f32(1, 1, m, n, k, a, 0, 0, sa_m, sa_k, b, 0, 0, sb_k, sb_n, c, 0, m * n, n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t i = 0; i < m && ok; i++)
     for (int64_t j = 0; j < n; j++) {
@@ -165,7 +165,8 @@ static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int
   for (int64_t i = 0; i < batch * m * k; i++) a[i] = (float)((i * 5) % 9) - 4;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
   epilogue_data e = {.c = c, .n = n, .seen = seen};
-  disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, add_one, &e, batch * m, batch * m * n);
+  disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, m * n, m * n, n, add_one, &e, batch * m,
+                             batch * m * n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t bi = 0; bi < batch; bi++)
     for (int64_t i = 0; i < m && ok; i++) {
@@ -192,7 +193,8 @@ static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, 
     q[i] = (float)((i * 7) % 13) - 6;
     k[i] = (float)((i * 5) % 11) - 5;
   }
-  disc_ral_gemm_f32(nb, h, s, s, d, q, s * h * d, d, h * d, 1, k, s * h * d, d, 1, h * d, c);
+  /* C written as [B, S, H, S]: row i of head x at ((b * s + i) * h + x) * s */
+  disc_ral_gemm_f32(nb, h, s, s, d, q, s * h * d, d, h * d, 1, k, s * h * d, d, 1, h * d, c, s * h * s, s, h * s);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t b = 0; b < nb; b++)
     for (int64_t x = 0; x < h; x++)
@@ -200,7 +202,7 @@ static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, 
         for (int64_t j = 0; j < s; j++) {
           float ref = 0;
           for (int64_t e = 0; e < d; e++) ref += q[((b * s + i) * h + x) * d + e] * k[((b * s + j) * h + x) * d + e];
-          ok &= c[((b * h + x) * s + i) * s + j] == ref;
+          ok &= c[((b * s + i) * h + x) * s + j] == ref;
         }
   free(q);
   free(k);
@@ -216,7 +218,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   float a[2 * 3 * 4], bt[2 * 5 * 4], c[2 * 3 * 5];
   for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
   for (int i = 0; i < 40; i++) bt[i] = (float)(i % 5) * 0.5f;
-  disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 4, 1, bt, 0, 20, 1, 4, c);
+  disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 4, 1, bt, 0, 20, 1, 4, c, 0, 15, 5);
   if (have_blas) {
     CHECK(ral_context_status(ctx) == RAL_OK);
     int ok = 1;
@@ -244,7 +246,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     ral_kernel_stat st;
     ral_kernel_stats((const void *)add_one, &st);
     CHECK(st.calls == 5 && st.fused_calls == 1); /* the product with enough whole-row tasks */
-    disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 3, 1, NULL, 0, 0, 5, 1, NULL, add_one, NULL, 7, 20);
+    disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 3, 1, NULL, 0, 0, 5, 1, NULL, 20, 20, 5, add_one, NULL, 7, 20);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
   }
   ral_context_enter(prev);

@@ -109,16 +109,20 @@ void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_mem
  * entries (i, j) in [0, batch) x [0, inner) (two batch levels with strides of their own, so a
  * transposed view, e.g. attention heads inside a [batch, seq, heads, dim] buffer, needs no copy).
  * A: [batch, inner, m, k] with strides (sa_b, sa_i, sa_m, sa_k); B: [batch, inner, k, n]
- * likewise; C: [batch * inner, m, n] contiguous. Strides are in elements. */
+ * likewise; C: [batch, inner, m, n] with strides (sc_b, sc_i, ldc, 1) (a transposed result,
+ * e.g. attention's context written straight into [batch, seq, heads, dim]). Strides are in
+ * elements. */
 void disc_ral_gemm_f32(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
                        int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
-                       int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c);
+                       int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c, int64_t sc_b, int64_t sc_i,
+                       int64_t ldc);
 void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
                        int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
-                       int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c);
+                       int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b, int64_t sc_i,
+                       int64_t ldc);
 
-/* The same with an epilogue: a parallel loop body over the rows of C ([0, rows), rows ==
- * batch * inner * m) that reads C only in its own rows. When the product runs on the pool in
+/* The same with an epilogue: a parallel loop body over the rows of a contiguous C ([0, rows),
+ * rows == batch * inner * m) that reads C only in its own rows. When the product runs on the pool in
  * blocks of whole rows, at least 4 per thread (so the pool balances them: batched products such
  * as attention scores), it runs on each block right after the block is computed, by the same
  * thread, while the block is in cache; otherwise (a small product, one row block per thread,
@@ -127,11 +131,11 @@ void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64
 void disc_ral_gemm_f32_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
                                 int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b,
                                 int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c,
-                                ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
+                                int64_t sc_b, int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
                                 int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b,
                                 int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c,
-                                ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
+                                int64_t sc_b, int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 
 #ifdef __cplusplus
 }
