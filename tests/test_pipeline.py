@@ -130,10 +130,14 @@ def _epilogue_models():
     def transposed(x, w):  # reads the product across rows: not an epilogue
         return jnp.swapaxes(x @ w, 1, 2) + 1.0
 
+    def written_transposed(x, w):  # the product goes straight into [s, b, n]: its rows are not C's
+        return jnp.tanh(jnp.transpose(jnp.einsum("bsk,bkn->bsn", x, w), (1, 0, 2)))
+
     return [("mlp", mlp, [(("b", "s", 64), np.float32), ((64, 96), np.float32), ((96,), np.float32)], True),
             ("attention", attention, [(("b", "s", 32), np.float32), (("b", "s", 32), np.float32)], True),
             ("residual_norm", residual_norm, [(("b", "s", 64), np.float32), ((64, 64), np.float32)], True),
-            ("transposed", transposed, [(("b", "s", 64), np.float32), ((64, 48), np.float32)], False)]
+            ("transposed", transposed, [(("b", "s", 64), np.float32), ((64, 48), np.float32)], False),
+            ("written_transposed", written_transposed, [(("b", "s", 8), np.float32), (("b", 8, 16), np.float32)], False)]
 
 
 @pytest.mark.parametrize("name, fn, shapes, fused", _epilogue_models(), ids=lambda v: v if isinstance(v, str) else "")

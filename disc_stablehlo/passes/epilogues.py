@@ -16,6 +16,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..mlir_support import int_constant, operation, walk
+from .library_calls import STRIDED_RESULT_ATTR
 from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
 
 GEMM_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
@@ -131,7 +132,8 @@ def fuse_gemm_epilogues(module: ir.Module) -> int:
     loop; returns how many. Run after loop fusion (the loop is whole) and before rows are
     collapsed (the row structure is still the loop's leading dims)."""
     marked = 0
-    for call in [op for op in walk(module.operation) if gemm_callee(op) and not _in_parallel(op)]:
+    for call in [op for op in walk(module.operation)
+                 if gemm_callee(op) and not _in_parallel(op) and STRIDED_RESULT_ATTR not in op.attributes]:
         c = _buffer_of_pointer(call.operands[_C])
         if c is None or isinstance(c.owner, ir.Block) or operation(c.owner).name != "memref.alloc":
             continue

@@ -9,6 +9,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from .lower import LoweringState, Text, register_rewrite
 
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
+STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 
 def _pointer(t: Text, buffer: str, btype: str, elem: str) -> str:
@@ -164,7 +165,8 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, "
            "i64, i64, i64) -> ()")
     args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:13] + [pc] + ints[13:]
-    t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
+    strided = f" {{{STRIDED_RESULT_ATTR}}}" if consumer is not None else ""  # no epilogue reads it row by row
+    t.emit(f"func.call @{fn}({', '.join(args)}){strided} : {sig}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     name = state.fresh_symbol("gemm")
     if consumer is None:
