@@ -131,7 +131,11 @@ def test_bad_text_is_a_compile_error():
 
 
 def test_concurrent_calls_from_threads():
+    """Calls from 4 threads at once, including softmax run behind the row blocks of batched
+    scores on the shared pool (the GEMM epilogue path)."""
     f = disc.compile(lambda x, w: jnp.tanh(x @ w).sum(-1), *specs_for([(("b", 16), np.float32), ((16, 16), np.float32)], "b"))
+    scores = disc.compile(lambda q: jax.nn.softmax(q @ jnp.swapaxes(q, 1, 2), axis=-1),
+                          *specs_for([(("b", "s", 32), np.float32)], "b, s"))
     w = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
     errors = []
 
@@ -141,12 +145,17 @@ def test_concurrent_calls_from_threads():
             x = rng.standard_normal((int(rng.integers(1, 40)), 16)).astype(np.float32)
             if not np.allclose(f(x, w), np.tanh(x @ w).sum(-1), rtol=1e-4, atol=1e-4):
                 errors.append(seed)
+            q = rng.standard_normal((16, int(rng.integers(60, 70)), 32)).astype(np.float32)
+            if not np.allclose(scores(q), jax.nn.softmax(q @ np.swapaxes(q, 1, 2), axis=-1), rtol=1e-4, atol=1e-6):
+                errors.append(seed)
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors
+    [kernel] = scores.kernels
+    assert kernel.epilogue_of and scores.stats()[kernel.name]["fused"] > 0
 
 
 def test_no_memory_growth_across_calls():
