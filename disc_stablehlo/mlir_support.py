@@ -157,6 +157,20 @@ def index_constant(value: int) -> ir.Value:
                                attributes={"value": ir.IntegerAttr.get(ir.IndexType.get(), value)}).result
 
 
+CMPI_PREDICATES = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]  # arith.cmpi's enum order
+
+
+def index_compare(predicate: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    """`arith.cmpi predicate, a, b` (an i1) at the current insertion point."""
+    return create_value("arith.cmpi", [a, b], ir.IntegerType.get_signless(1),
+                        predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), CMPI_PREDICATES.index(predicate)))
+
+
+def identity_layout(t: ir.MemRefType) -> bool:
+    """Whether a memref type is row-major without an offset (its layout is printed only when not)."""
+    return "affine_map" not in str(t) and "strided" not in str(t)
+
+
 def create_value(name: str, operands: list[ir.Value], result: ir.Type, **attributes: ir.Attribute) -> ir.Value:
     """The result of a new single-result op at the current insertion point."""
     return ir.Operation.create(name, results=[result], operands=list(operands), attributes=attributes).result

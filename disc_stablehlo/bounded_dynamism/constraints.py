@@ -15,7 +15,7 @@ import re
 from torch_mlir import ir
 
 from ..errors import CompileError
-from ..mlir_support import function_type, int_constant, walk
+from ..mlir_support import CMPI_PREDICATES, function_type, int_constant, walk
 from .analysis import Fact, ShapeAnalysis, ShapeFacts
 from .signature import Signature
 from .symbolic import Dim, parse_constraint, split_atom
@@ -198,7 +198,6 @@ FACTS_ATTR = "disc.shape_facts"      # module: ["b*s == 4*#reshape3 [dynamic_res
 DIMS_ATTR = "disc.symbolic_dims"     # the constraint function's arguments: ["b", "s", "8"]
 SOURCE_ATTR = "disc.source"          # on each shape.cstr_*: where the fact comes from
 _PREDICATES = {"==": "eq", "!=": "ne", ">=": "sge", "<=": "sle", ">": "sgt", "<": "slt"}
-_PREDICATE_NAMES = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]  # arith.cmpi's enum order
 
 
 def _quote(text: str) -> str:
@@ -290,7 +289,7 @@ def load_from_ir(module: ir.Module, signature: Signature) -> tuple[list[Constrai
             elif name == "shape.const_shape":  # canonicalization folds extents that are constants
                 value[op.result] = [Dim.const(int(v)) for v in ir.DenseIntElementsAttr(op.attributes["shape"])]
             elif name == "arith.cmpi" and None not in known:
-                compare[op.result] = (known[0], ops[_PREDICATE_NAMES[ir.IntegerAttr(op.attributes["predicate"]).value]], known[1])
+                compare[op.result] = (known[0], ops[CMPI_PREDICATES[ir.IntegerAttr(op.attributes["predicate"]).value]], known[1])
             elif name in ("shape.cstr_eq", "shape.cstr_require"):
                 source = ir.StringAttr(op.attributes[SOURCE_ATTR]).value if SOURCE_ATTR in op.attributes else "saved module"
                 if name == "shape.cstr_eq" and None not in known:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import create_value, index_constant, int_constant, operation, walk
+from ..mlir_support import create_value, identity_layout, index_constant, int_constant, operation, walk
 from .epilogues import behind
 
 ARENA_ALIGNMENT = 64
@@ -131,7 +131,7 @@ def _freed_key(v: ir.Value, block: ir.Block) -> tuple | None:
 def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:
     t = ir.MemRefType(t)
     elem = _element_bytes(t.element_type)
-    if elem is None or not dynamic_sizes or not _identity_layout(t):
+    if elem is None or not dynamic_sizes or not identity_layout(t):  # views of byte buffers need it
         return None
     static = elem
     for i in range(t.rank):
@@ -207,11 +207,6 @@ def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, used: s
     return None
 
 
-def _identity_layout(t: ir.MemRefType) -> bool:
-    """Views of byte buffers (`memref.view`) need the identity layout (printed only when not)."""
-    return "affine_map" not in str(t) and "strided" not in str(t)
-
-
 def _element_bytes(t: ir.Type) -> int | None:
     if isinstance(t, ir.ComplexType):
         inner = _element_bytes(t.element_type)
@@ -226,7 +221,7 @@ def _element_bytes(t: ir.Type) -> int | None:
 def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis, used: set[str]) -> int | None:
     t = ir.MemRefType(alloc.result.type)
     size = _element_bytes(t.element_type)
-    if size is None or not _identity_layout(t):
+    if size is None or not identity_layout(t):
         return None
     dynamic = iter(alloc.operands)
     for i in range(t.rank):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import int_constant, operation, walk
+from ..mlir_support import identity_layout, int_constant, operation, walk
 from .library_calls import STRIDED_RESULT_ATTR
 from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
 
@@ -50,7 +50,7 @@ def _contiguous_view_of(ref: ir.Value, root: ir.Value) -> bool:
         if isinstance(ref.owner, ir.Block) or operation(ref.owner).name not in _CONTIGUOUS_VIEWS:
             return False
         ref = operation(ref.owner).operands[0]
-    return "strided" not in str(ref.type) and "affine_map" not in str(ref.type)
+    return identity_layout(ref.type)
 
 
 def _dim_value(ref: ir.Value, i: int) -> ir.Value | int | None:

@@ -1,5 +1,7 @@
 """Compute-intensive ops go to vendor libraries through the RAL (as in BladeDISC): f32/f64
-`dot_general` becomes a batched GEMM call on [batch, m, k] x [batch, k, n] strided views."""
+`dot_general` becomes a batched GEMM call on [batch, inner, m, k] x [batch, inner, k, n] views
+with strides of their own, writing [batch, inner, m, n] (contiguous, or into the transposed
+result that is the product's only use)."""
 
 from __future__ import annotations
 
@@ -29,10 +31,15 @@ def _product(t: Text, dims: list[str]) -> str:
     return acc
 
 
+def _memref_type(vtype: ir.Type, elem: str) -> str:
+    """The row-major memref type of a tensor type's shape."""
+    rt = ir.RankedTensorType(vtype)
+    return f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
+
+
 def _identity_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
     """`value` as a buffer in row-major order (bufferization copies a view that is not)."""
-    rt = ir.RankedTensorType(vtype)
-    mtype = f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
+    mtype = _memref_type(vtype, elem)
     return t(f"bufferization.to_buffer {value} read_only : {vtype} to {mtype}"), mtype
 
 
@@ -147,13 +154,13 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     if consumer is None:  # C contiguous: [b, m, n], reshaped to the result's dims
         mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
         ctype = f"memref<?x?x?x{elem}>"
-        sc = [t(f"arith.muli {b}, {t(f'arith.muli {m}, {n} : index')} : index"), t(f"arith.muli {m}, {n} : index"), n]
-        sc[0] = t(f"arith.muli {sc[1]}, {inner} : index")
+        entry = t(f"arith.muli {m}, {n} : index")
+        sc = [t(f"arith.muli {entry}, {inner} : index"), entry, n]
     else:  # C written in place into the transposed result: its dims at their strides there
         rt = ir.RankedTensorType(consumer.result.type)
         perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
         rdims = [out_dims[p] for p in perm]
-        ctype = f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
+        ctype = _memref_type(rt, elem)
         mc = t(f"memref.alloc({', '.join(rdims[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))}) : {ctype}")
         stride = {p: _product(t, rdims[i + 1:]) for i, p in enumerate(perm)}  # product dim -> stride in the result
         zero = t.const(0)
@@ -173,18 +180,11 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
         dyn3 = f"tensor<?x?x?x{elem}>"
         c = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {dyn3}")
         result = _unflatten(t, c, elem, ir.RankedTensorType(op.result.type), [len(lb), len(lf), len(rf)], out_dims)
-        t.emit(f"return {result} : {op.result.type}")
-        state.replace_with_call(op, t.function(name, op), name)
-        return
-    result = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {consumer.result.type}")
-    t.emit(f"return {result} : {consumer.result.type}")
-    state.add_function(t.function(name, op, [consumer.result.type]))
-    with ir.InsertionPoint(consumer), consumer.location:
-        call = ir.Operation.create("func.call", results=[consumer.result.type], operands=list(op.operands),
-                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
-    consumer.result.replace_all_uses_with(call.result)
-    consumer.erase()
-    op.erase()
+    else:
+        result = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {consumer.result.type}")
+    replaced = consumer or op
+    t.emit(f"return {result} : {replaced.result.type}")
+    state.replace_with_call(op, t.function(name, op, [replaced.result.type]), name, replaced)
 
 
 def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> ir.Operation | None:

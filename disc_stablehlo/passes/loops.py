@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import (create_value, defined_outside, facts_relied_on, index_constant, int_constant, nested_in,
-                            operation, walk)
+from ..mlir_support import (create_value, defined_outside, facts_relied_on, index_compare, index_constant, int_constant,
+                            nested_in, operation, walk)
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 
@@ -403,8 +403,7 @@ def version_vector_tails(module: ir.Module) -> int:
             low, zero = index_constant(VECTOR - 1), index_constant(0)
             divides = None
             for ub in bounds:
-                check = create_value("arith.cmpi", [_binary("arith.andi", ub, low), zero], ir.IntegerType.get_signless(1),
-                                     predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+                check = index_compare("eq", _binary("arith.andi", ub, low), zero)
                 divides = check if divides is None else _binary("arith.andi", divides, check)
             masked = {i: _binary("arith.andi", ub, index_constant(-VECTOR)) for i, ub in enumerate(bounds)}
         _versions(loop, divides, ("no tail", "tail"))
@@ -424,9 +423,9 @@ def _contiguous_innermost(loop: ir.Operation) -> bool:
                and list(o.operands)[-1] == iv for o in body)
 
 
-def _read_as(loop: ir.Operation, values: list[ir.Value], replacements: dict[int, ir.Value]) -> None:
-    """Inside `loop`, uses of values[i] read replacements[i]."""
-    for inner in list(walk(loop))[1:]:
+def _read_as(op: ir.Operation, values: list[ir.Value], replacements: dict[int, ir.Value]) -> None:
+    """In `op` and the ops nested in it, uses of values[i] read replacements[i]."""
+    for inner in walk(op):
         for k, v in enumerate(inner.operands):
             if v in values and values.index(v) in replacements:
                 inner.operands[k] = replacements[values.index(v)]
@@ -524,10 +523,7 @@ def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
             yield_op = ir.Operation.create("scf.yield")
         for op in group:
             op.move_before(yield_op)
-            for x in walk(op):
-                for k, v in enumerate(x.operands):
-                    if v == n_old:
-                        x.operands[k] = inner_body.arguments[0]
+            _read_as(op, [n_old], {0: inner_body.arguments[0]})
 
     if ops[:i]:
         columns(ops[:i], terminator)
@@ -556,13 +552,11 @@ def schedule_column_reductions(module: ir.Module) -> int:
             continue
         lb, ub, _ = loop_bounds(loop)[-1]
         with ir.InsertionPoint(loop), loop.location:
-            wide = create_value("arith.cmpi", [_binary("arith.subi", ub, lb), index_constant(COLUMN_MIN)],
-                                ir.IntegerType.get_signless(1), predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 5))
+            wide = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(COLUMN_MIN))
         _versions(loop, wide, ("column", "row"))
         _column_schedule(loop, _column_reduction(loop))
         changed += 1
     return changed
-
 
 
 def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
@@ -600,9 +594,6 @@ def version_broadcasts(module: ir.Module) -> int:
             for c in checks[1:]:
                 expands = _binary("arith.ori", expands, c)
         copy = _versions(loop, expands, ("general", "broadcast-free"))
-        for inner in walk(copy):
-            for i, v in enumerate(inner.operands):
-                if v in checks:
-                    inner.operands[i] = false
+        _read_as(copy, checks, dict.fromkeys(range(len(checks)), false))
         versioned += 1
     return versioned

@@ -93,14 +93,21 @@ class LoweringState:
         text.declarations.append(f"func.func private @{name}({ins}) -> ({outs})")
         return name
 
-    def replace_with_call(self, op: ir.Operation, function_text: str, name: str) -> None:
+    def replace_with_call(self, op: ir.Operation, function_text: str, name: str,
+                          replaced: ir.Operation | None = None) -> None:
+        """`op` becomes a call of the function `name` on its operands. The call takes the place
+        and results of `replaced` (default: `op`), a use of `op` the function computes as well
+        (e.g. a transpose of its result); both are erased."""
+        replaced = replaced or op
+        erase = [replaced] if replaced == op else [replaced, op]  # a user goes first
         self.add_function(function_text)
-        with ir.InsertionPoint(op), op.location:
-            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=list(op.operands),
+        with ir.InsertionPoint(replaced), replaced.location:
+            call = ir.Operation.create("func.call", results=[r.type for r in replaced.results], operands=list(op.operands),
                                        attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
-        for old, new in zip(op.results, call.results):
+        for old, new in zip(replaced.results, call.results):
             old.replace_all_uses_with(new)
-        op.erase()
+        for dead in erase:
+            dead.erase()
 
 
 def clone_captured_constants(func: ir.Operation, block: ir.Block) -> None:

@@ -198,12 +198,21 @@ class Kernel:
         return f"{self.name}: {self.kind}{version}{behind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
 
 
-def _host_facts(v: ir.Value, depth: int = 0) -> list[str]:
-    """Facts the computation of a kernel's index argument (a bound, a size) relies on."""
-    if isinstance(v.owner, ir.Block) or not isinstance(v.type, ir.IndexType) or depth > 16:
-        return []
-    op = operation(v.owner)
-    return facts_relied_on(op) + [f for x in op.operands for f in _host_facts(x, depth + 1)]
+def _host_facts(values: list[ir.Value]) -> list[str]:
+    """Facts the host computation of a kernel's index arguments (bounds, sizes) relies on: each
+    op of that index arithmetic visited once."""
+    found: list[str] = []
+    seen: set[ir.Value] = set()
+    todo = [v for v in values if isinstance(v.type, ir.IndexType)]
+    while todo:
+        v = todo.pop()
+        if isinstance(v.owner, ir.Block) or v in seen:
+            continue
+        seen.add(v)
+        op = operation(v.owner)
+        found += facts_relied_on(op)
+        todo += [x for x in op.operands if isinstance(x.type, ir.IndexType)]
+    return found
 
 
 def _describe(name: str, op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | None) -> Kernel:
@@ -219,7 +228,7 @@ def _describe(name: str, op: ir.Operation, captured: list[ir.Value], gemm: ir.Op
     else:
         kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
     version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
-    facts = [f for o in [op] + inner for f in facts_relied_on(o)] + [f for v in captured for f in _host_facts(v)]
+    facts = [f for o in [op] + inner for f in facts_relied_on(o)] + _host_facts(captured)
     return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)),
                   gemm_callee(gemm) if gemm is not None else "")
 

@@ -185,9 +185,8 @@ def _leave_straight_line_host_code(module: ir.Module, entries: list[str]) -> Non
         op = op.operation
         if op.name != "llvm.func" or ir.StringAttr(op.attributes["sym_name"]).value not in names:
             continue
-        blocks = list(op.regions[0].blocks)
-        if any(blocks.index(succ) <= i for i, b in enumerate(blocks) for o in b.operations
-               for succ in o.operation.successors):
+        position = {b: i for i, b in enumerate(op.regions[0].blocks)}
+        if any(position[succ] <= i for b, i in position.items() for o in b.operations for succ in o.operation.successors):
             continue  # a back edge: a loop
         op.attributes["no_inline"] = ir.UnitAttr.get()
         op.attributes["optimize_none"] = ir.UnitAttr.get()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, index_constant, int_constant, operation, walk
+from ..mlir_support import create_value, index_compare, index_constant, int_constant, operation, walk
 
 Extents = list[ir.Value]
 
@@ -76,8 +76,7 @@ def _broadcast(a: Extents, b: Extents) -> Extents:
         if cx == 1 or cy == 1:
             out.append(y if cx == 1 else x)
         else:
-            is_one = create_value("arith.cmpi", [x, index_constant(1)], ir.IntegerType.get_signless(1),
-                             predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+            is_one = index_compare("eq", x, index_constant(1))
             out.append(create_value("arith.select", [is_one, y, x], ir.IndexType.get()))
     return out
 

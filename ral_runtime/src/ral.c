@@ -602,9 +602,10 @@ static void gemm_split(gemm_job *g, int64_t batch, int threads) {
   g->col_tasks = (g->n + g->cols_per_task - 1) / g->cols_per_task;
 }
 
-/* The GEMM entries: check the layout, split, run; `epilogue` (or NULL) runs over the rows of C
- * [0, rows) with `epilogue_data`, behind the row blocks when they are whole rows, else after
- * the product as an ordinary parallel loop of `work` scalar iterations. */
+/* The GEMM entries: check the layout, split, run; `epilogue` (or NULL) runs over the rows of a
+ * contiguous C [0, rows) with `epilogue_data`, behind the row blocks when they are whole rows,
+ * pooled and at least RAL_EPILOGUE_TASKS_PER_THREAD per thread, else after the product as an
+ * ordinary parallel loop of `work` scalar iterations. */
 static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t batch, int64_t sa_m, int64_t sa_k,
                      int64_t sb_k, int64_t sb_n, int64_t rows, int64_t work) {
   ral_context *ctx = tls_context;
