@@ -35,8 +35,10 @@ _load_mlir()
 
 from torch_mlir import ir, passmanager  # noqa: E402
 from torch_mlir._mlir_libs import _stablehlo  # noqa: E402
+from torch_mlir._mlir_libs._mlir import globals as _mlir_globals  # noqa: E402
 
 _stablehlo.register_stablehlo_passes()
+_mlir_globals.append_dialect_search_prefix(f"{__package__}.opviews")
 
 
 def new_context() -> ir.Context:

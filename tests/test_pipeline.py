@@ -79,15 +79,15 @@ def test_kernels_describe_what_they_compute():
 
 
 def test_vector_math_maps_to_libmvec_within_the_target_width():
-    from disc_stablehlo.targets.x86 import _libmvec, _vector_math_calls
+    from disc_stablehlo.targets.x86 import _libmvec, _libmvec_name
 
     if _libmvec() is None:
         pytest.skip("this system's C library has no libmvec")
-    call = "call <16 x float> @llvm.exp.v16f32(<16 x float> %x)"
-    assert _vector_math_calls(call, 512) == ("call <16 x float> @_ZGVeN16v_expf(<16 x float> %x)", True)
-    assert _vector_math_calls(call, 256) == (call, False)  # no AVX-512: stays an intrinsic
-    atan2 = "call <8 x float> @llvm.atan2.v8f32(<8 x float> %x, <8 x float> %y)"
-    assert _vector_math_calls(atan2, 512) == (atan2, False)  # too inaccurate in libmvec
+    assert _libmvec_name("llvm.exp.v16f32", 512) == "_ZGVeN16v_expf"
+    assert _libmvec_name("llvm.pow.v4f64", 256) == "_ZGVdN4vv_pow"
+    assert _libmvec_name("llvm.exp.v16f32", 256) is None  # no AVX-512: stays an intrinsic
+    assert _libmvec_name("llvm.atan2.v8f32", 512) is None  # too inaccurate in libmvec
+    assert _libmvec_name("llvm.fabs.v16f32", 512) is None  # not a libm function
 
 
 def test_stats_count_kernel_versions_and_library_calls():
@@ -110,6 +110,33 @@ def test_stats_count_kernel_versions_and_library_calls():
     assert delta == {"calls": 2, "pool": 1, "fused": 0, "inline": 1}
     assert after[kernel.name]["seconds"] > before[kernel.name]["seconds"]
     assert after["disc_ral_gemm_f32"]["calls"] - before["disc_ral_gemm_f32"]["calls"] == 2
+
+def test_identical_loops_share_one_kernel():
+    """Two layers of the same shape: their bias + GELU loops are the same code over other
+    buffers, generated and compiled once (one definition in the LLVM IR) and listed at both
+    places under one name, whose counters count both; a loop that differs gets its own kernel."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    def layers(x, w1, b1, w2, b2, w3):
+        h = jax.nn.gelu(x @ w1 + b1, approximate=False)
+        h = jax.nn.gelu(h @ w2 + b2, approximate=False)
+        return jnp.tanh(h @ w3)
+
+    n, = export.symbolic_shape("n")
+    mat, vec = jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32)
+    f = disc.compile(layers, jax.ShapeDtypeStruct((n, 64), jnp.float32), mat, vec, mat, vec, mat)
+    first, second, last = f.kernels
+    assert first.name == second.name != last.name
+    assert "math.tanh" in last.ops and "math.tanh" not in first.ops
+    assert f.llvm_ir.count(f"define void @{first.name}(") == 1
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) / 8 for s in [(300, 64), (64, 64), (64,), (64, 64), (64,), (64, 64)]]
+    before = f.stats()[first.name]["calls"]
+    np.testing.assert_allclose(f(*args), layers(*args), rtol=2e-4, atol=2e-5)
+    assert f.stats()[first.name]["calls"] - before == 2
+
 
 
 def _epilogue_models():

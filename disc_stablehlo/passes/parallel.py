@@ -15,7 +15,7 @@ from torch_mlir import ir
 
 from ..mlir_support import defined_outside, facts_relied_on, is_inside, nested_in, new_private_function, operation, walk
 from .epilogues import gemm_callee, gemm_of
-from .loops import FUSED_ATTR, VERSION_ATTR, loop_bounds
+from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
@@ -153,9 +153,9 @@ def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int
             f"func.func public @{par}(%data: !llvm.ptr, %lo: i64, %hi: i64) {{\n  " + "\n  ".join(lines) + "\n}")
 
 
-def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], module: ir.Module) -> None:
+def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], module: ir.Module) -> ir.Operation:
     """Moves `op` into a new private function `name(lb0, ub0, captured...)` whose first two
-    arguments replace the loop's first-dimension bounds."""
+    arguments replace the loop's first-dimension bounds; returns the function."""
     index = ir.IndexType.get()
     func, block = new_private_function(module, name, [index, index] + [v.type for v in captured], [])
     block.append(op)
@@ -172,6 +172,7 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
             if is_inside(owner, func):
                 owner.operands[use.operand_number] = arg
     clone_captured_constants(func, block)
+    return func
 
 
 # bookkeeping inside a kernel that says nothing about what it computes
@@ -215,7 +216,8 @@ def _host_facts(values: list[ir.Value]) -> list[str]:
     return found
 
 
-def _describe(name: str, op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | None) -> Kernel:
+def _describe(op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | None) -> Kernel:
+    """What the loop `op` computes (its kernel's name is filled in once it is outlined)."""
     inner = list(walk(op))[1:]
     ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)
                               and not all(isinstance(r.type, ir.IndexType) for r in o.results)))  # index math
@@ -229,7 +231,7 @@ def _describe(name: str, op: ir.Operation, captured: list[ir.Value], gemm: ir.Op
         kind = "copy" if any(o.name == "memref.load" for o in inner) else "fill"
     version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
     facts = [f for o in [op] + inner for f in facts_relied_on(o)] + _host_facts(captured)
-    return Kernel(name, kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)),
+    return Kernel("", kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)),
                   gemm_callee(gemm) if gemm is not None else "")
 
 
@@ -254,22 +256,36 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     loops = [op for f in funcs for op in walk(f)
              if op.name == "scf.parallel" and not op.results and not nested_in(op, "scf.parallel")]
     kernels = []
+    # one kernel per distinct loop: a loop identical to an earlier one (the same body over
+    # captured values of the same types, as the query, key and value bias adds of an attention
+    # layer, or every layer of a stack) reuses its code, generated and compiled once
+    outlined: dict[str, str] = {}
     for op in loops:
         captured = _captured(op)
         if captured is None:
             continue
         bounds = [tuple(_find(captured, v) for v in bound) for bound in loop_bounds(op)]
-        par, body, pack = state.fresh_symbol("par"), state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
+        body, pack = state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
         inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
                  for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
         gemm = gemm_of(op)  # the epilogue's pack call does the GEMM, at the loop's place
-        kernels.append(_describe(par, op, captured, gemm))
+        if gemm is not None:
+            del op.attributes[EPILOGUE_ATTR]  # found: the id would set apart loops that are the same
+        kernel = _describe(op, captured, gemm)
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured + (list(gemm.operands) if gemm else []),
                                 attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
-        _move_into_function(op, body, captured, module)
-        state.declared.add(body)
-        state.add_function(_unpack_text(par, body, captured, bounds[0]))
+        func = _move_into_function(op, body, captured, module)
+        code = func.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True).replace(f"@{body}(", "(", 1)
+        code += repr(bounds[0])
+        par = outlined.get(code)
+        if par is None:
+            par = outlined[code] = state.fresh_symbol("par")
+            state.declared.add(body)
+            state.add_function(_unpack_text(par, body, captured, bounds[0]))
+        else:
+            func.erase()
+        kernels.append(dataclasses.replace(kernel, name=par))
         state.add_function(_pack_text(pack, par, captured, bounds, inner, gemm))
         if gemm is not None:
             gemm.erase()

@@ -34,9 +34,12 @@ def _hex_literal(value: float, type_name: str) -> str:
     return f"0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016X}"
 
 
-def _classic_line(line: str) -> str:
+def _classic_float_literals(llvm_ir: str) -> str:
     def sub(m: re.Match) -> str:
-        types = _TYPE_RE.findall(line, 0, m.start())
+        before = llvm_ir[llvm_ir.rfind("\n", 0, m.start()) + 1:m.start()].lstrip()  # the line up to the literal
+        if before.startswith((";", "!", "source_filename", "target")):
+            return m.group(0)
+        types = _TYPE_RE.findall(before)
         if m.group(1):  # raw bits: 4 hex digits half or bfloat, 8 float, 16 double
             bits = m.group(1)
             if len(bits) == 4:
@@ -51,12 +54,7 @@ def _classic_line(line: str) -> str:
         if m.group(3) and types[-1] == "double":
             return word
         return _hex_literal(value, types[-1])
-    return _LITERAL_RE.sub(sub, line)
-
-
-def _classic_float_literals(llvm_ir: str) -> str:
-    return "\n".join(_classic_line(line) if not line.lstrip().startswith((";", "!", "source_filename", "target")) else line
-                     for line in llvm_ir.split("\n"))
+    return _LITERAL_RE.sub(sub, llvm_ir)
 
 
 # Vectorised loops keep math as vector intrinsics (llvm.exp.v16f32), which code generation would
@@ -65,7 +63,7 @@ def _classic_float_literals(llvm_ir: str) -> str:
 # (not atan2: libmvec's atan2f lost 3 digits of a complex pow's imaginary part in the conformance suite)
 _VECTOR_MATH = {"exp", "log", "sin", "cos", "tan", "tanh", "exp2", "log2", "log10", "pow", "asin", "acos", "atan",
                 "sinh", "cosh"}
-_VECTOR_INTRINSIC = re.compile(r"@llvm\.(\w+)\.v(\d+)(f32|f64)\b")
+_VECTOR_INTRINSIC = re.compile(r"llvm\.(\w+)\.v(\d+)(f32|f64)")
 _ISA = {128: "b", 256: "d", 512: "e"}
 
 
@@ -77,23 +75,17 @@ def _libmvec() -> ctypes.CDLL | None:
         return None
 
 
-def _vector_math_calls(llvm_ir: str, vector_bits: int) -> tuple[str, bool]:
-    """Renames vector math intrinsics to libmvec functions no wider than the target's vectors;
-    says whether any was renamed."""
-    lib, used = _libmvec(), False
-
-    def sub(m: re.Match) -> str:
-        nonlocal used
-        fn, lanes, elem = m.group(1), int(m.group(2)), m.group(3)
-        bits = lanes * (32 if elem == "f32" else 64)
-        isa = _ISA.get(bits) if bits <= vector_bits else None
-        args = "vv" if fn == "pow" else "v"
-        name = f"_ZGV{isa}N{lanes}{args}_{fn}{'f' if elem == 'f32' else ''}"
-        if lib is None or fn not in _VECTOR_MATH or isa is None or not hasattr(lib, name):
-            return m.group(0)
-        used = True
-        return "@" + name
-    return _VECTOR_INTRINSIC.sub(sub, llvm_ir), used
+def _libmvec_name(intrinsic: str, vector_bits: int) -> str | None:
+    """The libmvec function for a vector math intrinsic (`llvm.exp.v16f32` -> `_ZGVeN16v_expf`)
+    no wider than the target's vectors, or None."""
+    m = _VECTOR_INTRINSIC.fullmatch(intrinsic)
+    if not m or m.group(1) not in _VECTOR_MATH or _libmvec() is None:
+        return None
+    fn, lanes, elem = m.group(1), int(m.group(2)), m.group(3)
+    bits = lanes * (32 if elem == "f32" else 64)
+    isa = _ISA.get(bits) if bits <= vector_bits else None
+    name = f"_ZGV{isa}N{lanes}{'vv' if fn == 'pow' else 'v'}_{fn}{'f' if elem == 'f32' else ''}"
+    return name if isa is not None and hasattr(_libmvec(), name) else None
 
 
 def emit_object(llvm_ir: str, target: Target) -> tuple[bytes, bool]:
@@ -116,9 +108,11 @@ def emit_object(llvm_ir: str, target: Target) -> tuple[bytes, bool]:
     pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
-    optimized, uses_libmvec = _vector_math_calls(str(mod), target.vector_bits)
-    if uses_libmvec:
-        mod = llvm.parse_assembly(optimized)
+    uses_libmvec = False
+    for fn in mod.functions:  # renamed declarations stop being intrinsics: their calls call libmvec
+        name = _libmvec_name(fn.name, target.vector_bits) if fn.is_declaration else None
+        if name is not None:
+            fn.name, uses_libmvec = name, True
     return tm.emit_object(mod), uses_libmvec
 
 

@@ -1,0 +1,1 @@
+"""No op classes: chlo ops are generic operations (see the package's docstring)."""
