@@ -30,7 +30,7 @@ from .signless import make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 
-FLATTEN = "inline, symbol-dce"
+FLATTEN = "inline{default-pipeline=}, symbol-dce"
 # torch-mlir's StableHLO computes shapes with the shape dialect; its broadcast constraints were
 # proven by torch.export, so they are dropped and the shape arithmetic becomes tensor/arith
 SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-constraints), canonicalize, "
