@@ -17,7 +17,8 @@ import numpy as np
 from .passes.pipeline import LoweredModule, compile_to_llvm
 from .runtime import RAL_LIBRARY, Executable, default_runtime, ral_library_dir
 from .targets import get_target
-from .targets.x86 import emit_object, link_shared_object
+from .targets.codegen import start_helper
+from .targets.x86 import emit_objects, link_shared_object
 
 frontends = importlib.import_module(f"{__package__}.import")
 
@@ -141,14 +142,15 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
             lowered = pickle.load(f)
         exe = Executable(os.path.join(entry_dir, "compiled.so"), lowered.entry, imported.signature, lowered.assertions, default_runtime())
         return CompiledFunction(exe, imported, lowered, compile_count=0)
+    start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
-    obj, libmvec = emit_object(lowered.llvm_ir, tgt)
+    objects, libmvec = emit_objects(lowered.llvm_ir, tgt, [k.name for k in lowered.kernels])
     with tempfile.TemporaryDirectory(prefix="disc-", dir=cache) as tmp:
         so_path = os.path.join(tmp, "compiled.so")
-        link_shared_object(obj, so_path, ral_library_dir(), libmvec)
+        link_shared_object(objects, so_path, ral_library_dir(), libmvec)
         if entry_dir:  # written aside, then renamed: a concurrent process sees all of it or nothing
             with open(os.path.join(tmp, "lowered.pkl"), "wb") as f:
                 pickle.dump(lowered, f)

@@ -79,7 +79,7 @@ def test_kernels_describe_what_they_compute():
 
 
 def test_vector_math_maps_to_libmvec_within_the_target_width():
-    from disc_stablehlo.targets.x86 import _libmvec, _libmvec_name
+    from disc_stablehlo.targets.codegen import _libmvec, _libmvec_name
 
     if _libmvec() is None:
         pytest.skip("this system's C library has no libmvec")
@@ -111,32 +111,72 @@ def test_stats_count_kernel_versions_and_library_calls():
     assert after[kernel.name]["seconds"] > before[kernel.name]["seconds"]
     assert after["disc_ral_gemm_f32"]["calls"] - before["disc_ral_gemm_f32"]["calls"] == 2
 
-def test_identical_loops_share_one_kernel():
-    """Two layers of the same shape: their bias + GELU loops are the same code over other
-    buffers, generated and compiled once (one definition in the LLVM IR) and listed at both
-    places under one name, whose counters count both; a loop that differs gets its own kernel."""
+
+def _two_layers(x, w1, b1, w2, b2, w3):
+    import jax
+    import jax.numpy as jnp
+
+    h = jax.nn.gelu(x @ w1 + b1, approximate=False)
+    h = jax.nn.gelu(h @ w2 + b2, approximate=False)
+    return jnp.tanh(h @ w3)
+
+
+def _compile_two_layers():
     import jax
     import jax.numpy as jnp
     from jax import export
 
-    def layers(x, w1, b1, w2, b2, w3):
-        h = jax.nn.gelu(x @ w1 + b1, approximate=False)
-        h = jax.nn.gelu(h @ w2 + b2, approximate=False)
-        return jnp.tanh(h @ w3)
-
     n, = export.symbolic_shape("n")
     mat, vec = jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32)
-    f = disc.compile(layers, jax.ShapeDtypeStruct((n, 64), jnp.float32), mat, vec, mat, vec, mat)
+    return disc.compile(_two_layers, jax.ShapeDtypeStruct((n, 64), jnp.float32), mat, vec, mat, vec, mat)
+
+
+def _two_layer_args():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s).astype(np.float32) / 8 for s in [(300, 64), (64, 64), (64,), (64, 64), (64,), (64, 64)]]
+
+
+def test_identical_loops_share_one_kernel():
+    """Two layers of the same shape: their bias + GELU loops are the same code over other
+    buffers, generated and compiled once (one definition in the LLVM IR) and listed at both
+    places under one name, whose counters count both; a loop that differs gets its own kernel."""
+    f = _compile_two_layers()
     first, second, last = f.kernels
     assert first.name == second.name != last.name
     assert "math.tanh" in last.ops and "math.tanh" not in first.ops
     assert f.llvm_ir.count(f"define void @{first.name}(") == 1
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype(np.float32) / 8 for s in [(300, 64), (64, 64), (64,), (64, 64), (64,), (64, 64)]]
+    args = _two_layer_args()
     before = f.stats()[first.name]["calls"]
-    np.testing.assert_allclose(f(*args), layers(*args), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(f(*args), _two_layers(*args), rtol=2e-4, atol=2e-5)
     assert f.stats()[first.name]["calls"] - before == 2
 
+
+def test_code_generation_is_split_with_a_helper_process(monkeypatch):
+    """Kernels are compiled partly in a helper process, at the same time as the rest here: two
+    objects, one shared object, the same results as code generation in this process alone. A
+    helper that dies mid-request leaves its part to this process (and is not started again)."""
+    from disc_stablehlo.targets import codegen, get_target
+    from disc_stablehlo.targets.x86 import _classic_float_literals
+
+    f = _compile_two_layers()
+    t = get_target("x86")
+    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
+    kernels = [k.name for k in f.kernels]
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2
+    monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 1
+    alone = _compile_two_layers()
+    args = _two_layer_args()
+    np.testing.assert_array_equal(f(*args), alone(*args))
+    monkeypatch.delenv("DISC_COMPILE_HELPER")
+
+    def dies(self, request):
+        raise EOFError("the code generation helper exited")
+
+    monkeypatch.setattr(codegen._Helper, "call", dies)
+    monkeypatch.setattr(codegen, "_helper_failed", False)
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2  # its part compiled here
+    assert codegen._helper_failed and codegen.start_helper() is None
 
 
 def _epilogue_models():

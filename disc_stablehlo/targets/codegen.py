@@ -1,0 +1,242 @@
+"""LLVM IR -> optimised object code (llvmlite), split between this process and a helper process.
+
+llvmlite runs every LLVM call behind one process-wide lock, so a process optimises and generates
+one module at a time, on one core, and that is about 40 % of compiling a model. A module's kernels
+are independent functions, so `emit_objects` hands some of them to a helper process (this file,
+run as a script: it imports nothing but llvmlite and the standard library) and compiles the host
+code and the other kernels here at the same time. Each side keeps the other side's functions and
+shared globals as `available_externally` (dropped before vectorisation and code generation), and
+the two objects link into one shared object.
+
+The helper starts in the background when a compilation starts (`start_helper`), serves one module
+at a time (a compilation that finds it busy compiles everything here), and exits with its parent
+(end of its input). `DISC_COMPILE_HELPER=0` keeps all code generation in the calling process."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import threading
+
+import llvmlite.binding as llvm
+
+Spec = tuple[str, str, str, int]  # target triple, CPU, features, vector bits
+
+# Vectorised loops keep math as vector intrinsics (llvm.exp.v16f32), which code generation would
+# split into one libm call per lane. glibc's libmvec has vector versions of these functions
+# (x86 vector-function ABI: _ZGV<isa>N<lanes>v_<name>, isa b=SSE, d=AVX2, e=AVX-512).
+# (not atan2: libmvec's atan2f lost 3 digits of a complex pow's imaginary part in the conformance suite)
+_VECTOR_MATH = {"exp", "log", "sin", "cos", "tan", "tanh", "exp2", "log2", "log10", "pow", "asin", "acos", "atan",
+                "sinh", "cosh"}
+_VECTOR_INTRINSIC = re.compile(r"llvm\.(\w+)\.v(\d+)(f32|f64)")
+_ISA = {128: "b", 256: "d", 512: "e"}
+
+
+@functools.cache
+def _libmvec() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libmvec.so.1")
+    except OSError:
+        return None
+
+
+def _libmvec_name(intrinsic: str, vector_bits: int) -> str | None:
+    """The libmvec function for a vector math intrinsic (`llvm.exp.v16f32` -> `_ZGVeN16v_expf`)
+    no wider than the target's vectors, or None."""
+    m = _VECTOR_INTRINSIC.fullmatch(intrinsic)
+    if not m or m.group(1) not in _VECTOR_MATH or _libmvec() is None:
+        return None
+    fn, lanes, elem = m.group(1), int(m.group(2)), m.group(3)
+    bits = lanes * (32 if elem == "f32" else 64)
+    isa = _ISA.get(bits) if bits <= vector_bits else None
+    name = f"_ZGV{isa}N{lanes}{'vv' if fn == 'pow' else 'v'}_{fn}{'f' if elem == 'f32' else ''}"
+    return name if isa is not None and hasattr(_libmvec(), name) else None
+
+
+class LLVMRejected(Exception):
+    """LLVM's parser or verifier rejected the module (the message says where)."""
+
+
+def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset(), globals_elsewhere: bool = False
+                 ) -> tuple[bytes, bool]:
+    """The object for `llvm_ir` without the functions named in `elsewhere` (and without its
+    exported globals when `globals_elsewhere`: the other part defines them); says whether it
+    calls libmvec."""
+    triple, cpu, features, vector_bits = spec
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    try:
+        mod = llvm.parse_assembly(llvm_ir)
+        mod.verify()
+    except RuntimeError as e:
+        raise LLVMRejected(str(e)) from None
+    local = (llvm.Linkage.private, llvm.Linkage.internal)
+    for value in [f for f in mod.functions if f.name in elsewhere] + (list(mod.global_variables) if globals_elsewhere else []):
+        if not value.is_declaration and value.linkage not in local:
+            value.linkage = llvm.Linkage.available_externally
+    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+                                                               codemodel="default")
+    mod.triple = triple
+    mod.data_layout = str(tm.target_data)
+    # O2 with loop vectorisation (the kernels are loop nests). Unrolling multiplied compile time
+    # by 4 on the encoder layer (14 s -> 3 s without it) and SLP vectorisation took 0.2-0.4 s of its
+    # ~1.4 s, neither with a measured run-time gain
+    pto = llvm.create_pipeline_tuning_options(speed_level=2)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = False
+    pto.loop_unrolling = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    uses_libmvec = False
+    for fn in mod.functions:  # renamed declarations stop being intrinsics: their calls call libmvec
+        name = _libmvec_name(fn.name, vector_bits) if fn.is_declaration else None
+        if name is not None:
+            fn.name, uses_libmvec = name, True
+    return tm.emit_object(mod), uses_libmvec
+
+
+_DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
+# per line of LLVM IR, host code (straight-line, optnone) costs about a sixth of a kernel's
+# optimisation and code generation (encoder layer: 31 ms for 2000 lines vs 180 ms for 1800)
+HOST_WEIGHT = 1 / 6
+
+
+def _sizes(llvm_ir: str) -> dict[str, int]:
+    """Lines of each function defined in the module."""
+    starts = [(m.group(1), m.start()) for m in _DEFINE.finditer(llvm_ir)]
+    ends = [s for _, s in starts[1:]] + [len(llvm_ir)]
+    return {name: llvm_ir.count("\n", start, end) for (name, start), end in zip(starts, ends)}
+
+
+def split(llvm_ir: str, kernels: list[str]) -> frozenset[str]:
+    """The kernels the helper compiles: the largest first, each to the side with less work so
+    far (this process starts with the host code)."""
+    sizes = _sizes(llvm_ir)
+    movable = sorted((k for k in set(kernels) if k in sizes), key=lambda k: -sizes[k])
+    here = HOST_WEIGHT * sum(n for name, n in sizes.items() if name not in movable)
+    there, helper = 0.0, set()
+    for k in movable:
+        if there < here:
+            there += sizes[k]
+            helper.add(k)
+        else:
+            here += sizes[k]
+    return frozenset(helper)
+
+
+class _Helper:
+    """The helper process: requests and replies are length-prefixed pickles on its stdin/stdout."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked child starts its own
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self.proc.poll() is None
+
+    def call(self, request: tuple) -> tuple:
+        data = pickle.dumps(request)
+        self.proc.stdin.write(struct.pack("<Q", len(data)) + data)
+        self.proc.stdin.flush()
+        return pickle.loads(_read(self.proc.stdout))
+
+
+def _read(stream) -> bytes:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the code generation helper exited")
+    (n,) = struct.unpack("<Q", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError("the code generation helper exited")
+    return data
+
+
+_helper: _Helper | None = None
+_helper_failed = False  # once a helper has failed, this process compiles everything itself
+_helper_lock = threading.Lock()
+
+
+def start_helper() -> _Helper | None:
+    """The helper process, started if none is running (returns at once: it loads llvmlite while
+    the caller runs the MLIR passes); None when disabled, failed before, or when this process
+    is not run by a Python interpreter that could run it."""
+    global _helper, _helper_failed
+    if (os.environ.get("DISC_COMPILE_HELPER", "1") == "0" or _helper_failed
+            or not os.path.basename(sys.executable or "").startswith("python")):
+        return None
+    with _helper_lock:
+        if _helper is None or not _helper.alive():
+            try:
+                _helper = _Helper()
+            except OSError:
+                _helper_failed = True
+                return None
+        return _helper
+
+
+def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[bytes], bool]:
+    """Object files for the module (one, or two when the helper takes some of `kernels`), and
+    whether they call libmvec."""
+    helper = start_helper() if len(set(kernels)) >= 2 else None
+    there = split(llvm_ir, kernels) if helper is not None else frozenset()
+    if not there or not helper.lock.acquire(blocking=False):
+        obj, libmvec = compile_part(llvm_ir, spec)
+        return [obj], libmvec
+    try:
+        reply: list = []
+        request = (llvm_ir, spec, frozenset(_sizes(llvm_ir)) - there, True)
+        worker = threading.Thread(target=lambda: reply.append(_ask(helper, request)))
+        worker.start()
+        try:
+            obj, libmvec = compile_part(llvm_ir, spec, there)
+        finally:
+            worker.join()
+    finally:
+        helper.lock.release()
+    status, *result = reply[0]
+    if status == "rejected":
+        raise LLVMRejected(result[0])
+    if status == "failed":  # the helper died: its part is compiled here
+        other, other_libmvec = compile_part(*request)
+    else:
+        other, other_libmvec = result
+    return [obj, other], libmvec or other_libmvec
+
+
+def _ask(helper: _Helper, request: tuple) -> tuple:
+    global _helper_failed
+    try:
+        return helper.call(request)
+    except (OSError, EOFError, pickle.UnpicklingError) as e:
+        _helper_failed = True
+        return ("failed", str(e))
+
+
+def serve() -> None:
+    """The helper's loop: compile each request's part until the input ends."""
+    while True:
+        try:
+            request = pickle.loads(_read(sys.stdin.buffer))
+        except EOFError:
+            return
+        try:
+            reply = ("ok", *compile_part(*request))
+        except LLVMRejected as e:
+            reply = ("rejected", str(e))
+        data = pickle.dumps(reply)
+        sys.stdout.buffer.write(struct.pack("<Q", len(data)) + data)
+        sys.stdout.buffer.flush()
+
+
+if __name__ == "__main__":
+    serve()
