@@ -36,6 +36,21 @@ def test_failing_pipeline_saves_a_reproducer(tmp_path, monkeypatch):
     assert os.path.exists(path) and "func.func @main" in open(path).read()
 
 
+def test_invalid_ir_from_a_rewrite_is_reported_before_the_next_stage():
+    """Our own rewrites run between pass pipelines; IR they leave invalid is caught by the
+    verifier before upstream passes see it (they assume valid input), named by stage."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context, run_pipeline
+
+    with new_context():
+        module = ir.Module.parse("func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> { return %x : tensor<2xf32> }")
+        block = module.body.operations[0].regions[0].blocks[0]
+        block.operations[0].erase()  # a block without its terminator
+        with pytest.raises(disc.CompileError, match="(?s)invalid IR before fusion .*terminator"):
+            run_pipeline(module, "builtin.module(canonicalize)", "fusion")
+
+
 def test_save_temps_keeps_every_stage(tmp_path, monkeypatch):
     monkeypatch.setenv("DISC_SAVE_TEMPS", str(tmp_path))
     f = disc.compile("func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> { %0 = stablehlo.abs %x : tensor<?xf32>  return %0 : tensor<?xf32> }")

@@ -15,7 +15,7 @@ from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, b
                                             load_from_ir, record_fact, save_to_ir)
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
-from ..mlir_support import describe, function_type, run_pipeline, walk
+from ..mlir_support import describe, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
@@ -147,6 +147,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         resolve_function_pointers(module)
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
+        verify(module, "translation to LLVM IR")
         return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions, shapes, kernels)
 
 
