@@ -157,6 +157,10 @@ def steady(calls: dict, reps: int) -> dict:
         for s in STEADY_SHAPES:  # round-robin over shapes and peers
             for name, call in calls.items():
                 time.sleep(0.2)  # lets the previous peer's spinning worker threads go idle
+                # one untimed call first: it wakes this peer's own threads (on this VM the first
+                # call after an idle pause costs any multi-threaded peer 1.2-2.5x, from the
+                # hypervisor waking the second vCPU, not from the peer's code)
+                call(*inputs[s])
                 t = time.perf_counter()
                 call(*inputs[s])
                 times[(name, s)].append(time.perf_counter() - t)
