@@ -142,7 +142,8 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
             lowered = pickle.load(f)
         exe = Executable(os.path.join(entry_dir, "compiled.so"), lowered.entry, imported.signature, lowered.assertions, default_runtime())
         return CompiledFunction(exe, imported, lowered, compile_count=0)
-    start_helper()  # code generation's helper process starts up while the MLIR passes run
+    if _op_count(imported.module) >= HELPER_MIN_OPS:
+        start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
@@ -162,6 +163,16 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
                 pass  # another process stored the same entry first
         exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
     return CompiledFunction(exe, imported, lowered)
+
+
+# modules with fewer ops (in their functions' bodies, not counting nested regions) rarely have
+# two kernels worth compiling apart: they leave the helper process unstarted
+HELPER_MIN_OPS = 64
+
+
+def _op_count(module: Any) -> int:
+    return sum(len(f.regions[0].blocks[0].operations) for f in module.body.operations
+               if len(f.regions) and len(f.regions[0].blocks))
 
 
 def _cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse: bool) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -177,6 +178,11 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     t = get_target("x86")
     spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
     kernels = [k.name for k in f.kernels]
+    codegen.start_helper()
+    for _ in range(200):  # it loads llvmlite in the background
+        if codegen.ready_helper():
+            break
+        time.sleep(0.05)
     assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2
     monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
     assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 1
@@ -191,7 +197,7 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     monkeypatch.setattr(codegen._Helper, "call", dies)
     monkeypatch.setattr(codegen, "_helper_failed", False)
     assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2  # its part compiled here
-    assert codegen._helper_failed and codegen.start_helper() is None
+    assert codegen._helper_failed and codegen.ready_helper() is None
 
 
 def _epilogue_models():

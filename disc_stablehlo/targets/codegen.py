@@ -8,9 +8,10 @@ code and the other kernels here at the same time. Each side keeps the other side
 shared globals as `available_externally` (dropped before vectorisation and code generation), and
 the two objects link into one shared object.
 
-The helper starts in the background when a compilation starts (`start_helper`), serves one module
-at a time (a compilation that finds it busy compiles everything here), and exits with its parent
-(end of its input). `DISC_COMPILE_HELPER=0` keeps all code generation in the calling process."""
+The helper starts in the background when the compilation of a module big enough to have several
+kernels starts (`start_helper`), takes work once it has loaded llvmlite (a compilation that finds
+it still starting, or busy with another module, compiles everything here), and exits with its
+parent (end of its input). `DISC_COMPILE_HELPER=0` keeps all code generation in the calling process."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import functools
 import os
 import pickle
 import re
+import select
 import struct
 import subprocess
 import sys
@@ -131,17 +133,25 @@ def split(llvm_ir: str, kernels: list[str]) -> frozenset[str]:
 
 
 class _Helper:
-    """The helper process: requests and replies are length-prefixed pickles on its stdin/stdout."""
+    """The helper process: it says it is ready with one byte once llvmlite is loaded; then
+    requests and replies are length-prefixed pickles on its stdin/stdout."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()  # a forked child starts its own
         self.lock = threading.Lock()
+        self.ready = False
         self.proc = subprocess.Popen([sys.executable, "-u", os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
+
+    def is_ready(self) -> bool:
+        """Whether it has loaded llvmlite (without waiting)."""
+        if not self.ready and select.select([self.proc.stdout], [], [], 0)[0]:
+            self.ready = self.proc.stdout.read(1) == READY
+        return self.ready
 
     def call(self, request: tuple) -> tuple:
         data = pickle.dumps(request)
@@ -161,33 +171,40 @@ def _read(stream) -> bytes:
     return data
 
 
+READY = b"R"
 _helper: _Helper | None = None
 _helper_failed = False  # once a helper has failed, this process compiles everything itself
 _helper_lock = threading.Lock()
 
 
-def start_helper() -> _Helper | None:
-    """The helper process, started if none is running (returns at once: it loads llvmlite while
-    the caller runs the MLIR passes); None when disabled, failed before, or when this process
-    is not run by a Python interpreter that could run it."""
+def start_helper() -> None:
+    """Starts the helper process if none is running (returns at once: it loads llvmlite while
+    the caller runs the MLIR passes); not when disabled, failed before, or when this process is
+    not run by a Python interpreter that could run it."""
     global _helper, _helper_failed
     if (os.environ.get("DISC_COMPILE_HELPER", "1") == "0" or _helper_failed
             or not os.path.basename(sys.executable or "").startswith("python")):
-        return None
+        return
     with _helper_lock:
         if _helper is None or not _helper.alive():
             try:
                 _helper = _Helper()
             except OSError:
                 _helper_failed = True
-                return None
-        return _helper
+
+
+def ready_helper() -> _Helper | None:
+    """The helper, when it is running and ready to take work now."""
+    with _helper_lock:
+        helper = _helper
+    ok = helper is not None and not _helper_failed and os.environ.get("DISC_COMPILE_HELPER", "1") != "0"
+    return helper if ok and helper.alive() and helper.is_ready() else None
 
 
 def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[bytes], bool]:
     """Object files for the module (one, or two when the helper takes some of `kernels`), and
     whether they call libmvec."""
-    helper = start_helper() if len(set(kernels)) >= 2 else None
+    helper = ready_helper() if len(set(kernels)) >= 2 else None
     there = split(llvm_ir, kernels) if helper is not None else frozenset()
     if not there or not helper.lock.acquire(blocking=False):
         obj, libmvec = compile_part(llvm_ir, spec)
@@ -224,6 +241,8 @@ def _ask(helper: _Helper, request: tuple) -> tuple:
 
 def serve() -> None:
     """The helper's loop: compile each request's part until the input ends."""
+    sys.stdout.buffer.write(READY)
+    sys.stdout.buffer.flush()
     while True:
         try:
             request = pickle.loads(_read(sys.stdin.buffer))
