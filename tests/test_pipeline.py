@@ -79,6 +79,41 @@ def test_generated_code_calls_the_runtime():
     np.testing.assert_allclose(exp, np.exp(a), rtol=1e-5)
 
 
+def test_a_broadcast_with_several_readers_fuses_into_each(monkeypatch):
+    """An attention mask broadcast once and added in two softmaxes (as in a stack of layers) is
+    recomputed inside both stitch kernels, not materialised at the scores' size (which is what
+    fusion does without the copies made for each reader: a call then needs one more buffer of
+    that size)."""
+    import jax
+
+    from conftest import specs_for
+    from disc_stablehlo.passes import pipeline
+
+    def two_softmaxes(s1, s2, mask):  # a GEMM between them: two kernels either way
+        m = mask[:, None, None, :]
+        p = jax.nn.softmax(s1 + m, axis=-1)
+        return jax.nn.softmax(p @ s2 * 0.5 + m, axis=-1)
+
+    def peak_bytes(f, args):
+        f(*args)
+        f._exe.runtime.reset_peak()
+        base = f._exe.runtime.memory_stats()["bytes_in_use"]
+        out = f(*args)
+        return f._exe.runtime.memory_stats()["peak_bytes"] - base, out
+
+    shapes = [(("b", 4, "s", "s"), np.float32), (("b", 4, "s", "s"), np.float32), (("b", "s"), np.float32)]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(2, 4, 64, 64), (2, 4, 64, 64), (2, 64)]]
+    f = disc.compile(two_softmaxes, *specs_for(shapes, "b, s"))
+    assert {k.kind for k in f.kernels} == {"stitch fusion"}
+    peak, out = peak_bytes(f, args)
+    np.testing.assert_allclose(out, two_softmaxes(*args), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(pipeline, "duplicate_broadcasts", lambda module: 0)
+    shared_peak, out = peak_bytes(disc.compile(two_softmaxes, *specs_for(shapes, "b, s")), args)
+    np.testing.assert_allclose(out, two_softmaxes(*args), rtol=1e-5, atol=1e-6)
+    assert shared_peak - peak >= args[0].nbytes
+
+
 def test_kernels_describe_what_they_compute():
     import jax
     import jax.numpy as jnp

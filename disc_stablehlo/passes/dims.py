@@ -1,9 +1,12 @@
 """Dims the shape analysis proves equal become one SSA value.
 
-Every `tensor.dim` of an entry argument is replaced by the same dim of the first argument whose
-symbolic size is the same (or by a constant, when the facts fix it). CSE then merges the shape
-arithmetic built on them, and buffers of provably equal size get identical size operands, which
-is what lets the buffer plan (`buffers.reuse_equal_buffers`) share them."""
+Every dim read (`memref.dim`, `tensor.dim`) of an entry argument is replaced by the same dim of
+the first argument whose symbolic size is the same (or by a constant, when the facts fix it).
+CSE then merges the shape arithmetic built on them: loops over provably equal dims get identical
+bounds (so they can fuse, whichever argument each loop's bounds were read from), and buffers of
+provably equal size get identical size operands, which is what lets the buffer plan
+(`buffers.reuse_equal_buffers`) share them. Both run once the loops exist, when every dim read
+the lowering makes is there."""
 
 from __future__ import annotations
 
@@ -16,12 +19,12 @@ from ..mlir_support import create_value, index_constant, int_constant, operation
 
 
 def _argument_dim_reads(entry: ir.Operation, shapes: ShapeAnalysis) -> list[tuple[ir.Operation, int, int]]:
-    """(op, argument, dim) of every `tensor.dim` of an entry argument the signature describes,
-    at a constant dim."""
+    """(op, argument, dim) of every dim read of an entry argument the signature describes, at a
+    constant dim."""
     block = entry.regions[0].blocks[0]
     found = []
     for op in walk(entry):
-        if op.name != "tensor.dim" or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
+        if op.name not in ("memref.dim", "tensor.dim") or not isinstance(op.operands[0].owner, ir.Block) or op.operands[0].owner != block:
             continue
         a, i = op.operands[0].arg_number, int_constant(op.operands[1])
         if i is not None and a < len(shapes.args):
@@ -45,7 +48,7 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
                 new = index_constant(d.constant)
             elif first[str(d)] != (a, i):
                 ra, ri = first[str(d)]
-                new = create_value("tensor.dim", [block.arguments[ra], index_constant(ri)], ir.IndexType.get())
+                new = create_value(op.name, [block.arguments[ra], index_constant(ri)], ir.IndexType.get())
             else:
                 continue
         if (named := shapes.args[a][1][i]) != d:  # equal by a fact, not by name

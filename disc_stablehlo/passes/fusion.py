@@ -3,7 +3,10 @@
 - A tensor that holds one value everywhere (a `linalg.fill`, or a generic that yields a value
   from outside its body: the lowering of a broadcast scalar constant) is never materialised for
   a generic that reads it: the reader uses the scalar and the operand is dropped. Upstream fusion
-  cannot do this when the reader indexes the tensor with a non-permutation map (a size-1 dim)."""
+  cannot do this when the reader indexes the tensor with a non-permutation map (a size-1 dim).
+- A broadcast read by several ops (an attention mask broadcast once for every layer) is
+  computed again inside each reader instead of materialised: upstream fusion only fuses a
+  producer into its single reader, so it is cloned, one copy per reader, before fusion."""
 
 from __future__ import annotations
 
@@ -45,3 +48,33 @@ def forward_uniform_operands(module: ir.Module) -> None:
             scalar = _uniform_value(op.operands[i])
             if scalar is not None:
                 args[i].replace_all_uses_with(scalar)
+
+
+def _is_broadcast(op: ir.Operation) -> bool:
+    """A generic that only expands its inputs: every loop parallel, one result, its body at most
+    a few arithmetic ops on the inputs' elements, and some input read with fewer dims than the
+    result has (so each element is computed from a smaller tensor)."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    if any("parallel" not in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    inputs = maps[:_num_inputs(op)]
+    body = list(op.regions[0].blocks[0].operations)
+    return (any(len(m.results) < len(maps[-1].results) for m in inputs) and len(body) <= 4
+            and all(o.name.startswith("arith.") for o in body[:-1]))
+
+
+def duplicate_broadcasts(module: ir.Module) -> int:
+    """Gives every reader but the first of a broadcast (`_is_broadcast`) a copy of it of its own,
+    so elementwise fusion puts the broadcast into each reader; returns the copies made."""
+    copies = 0
+    for op in walk(module.operation):
+        if not _is_broadcast(op):
+            continue
+        for use in list(op.results[0].uses)[1:]:
+            reader = operation(use.owner)
+            clone = op.clone(ir.InsertionPoint(reader))
+            reader.operands[use.operand_number] = clone.results[0]
+            copies += 1
+    return copies

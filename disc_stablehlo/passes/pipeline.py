@@ -20,7 +20,7 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
-from .fusion import forward_uniform_operands
+from .fusion import duplicate_broadcasts, forward_uniform_operands
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .lower import lower_module
@@ -46,7 +46,7 @@ BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary
              "allow-return-allocs-from-loops}, canonicalize")
 # buffers are freed after their last use, so the RAL's cache hands their memory to later buffers
 FREE_AFTER_LAST_USE = "buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize"
-TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), resolve-ranked-shaped-type-result-dims, canonicalize, cse"
+TO_LOOPS = "func.func(convert-linalg-to-parallel-loops), resolve-ranked-shaped-type-result-dims"
 TO_LLVM = ", ".join([
     "convert-scf-to-cf", "expand-strided-metadata", "lower-affine", "arith-expand", "memref-expand",
     "finalize-memref-to-llvm{use-generic-functions}", "convert-complex-to-standard", "convert-math-to-llvm",
@@ -111,14 +111,16 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
         forward_uniform_operands(module)
-        unify_argument_dims(_function(module, entry_name), shapes)
-        expose_divisibility(_function(module, entry_name), shapes)
-        run_pipeline(module, f"builtin.module({FUSE})", "fusion")
+        duplicate_broadcasts(module)
+        run_pipeline(module, f"builtin.module(linalg-fuse-elementwise-ops, {FUSE})", "fusion")  # before CSE merges the copies
         make_signless(module)
-        # 8. tensors to buffers (the RAL allocates), loops, LLVM dialect
+        # 8. tensors to buffers (the RAL allocates), loops; dims proven equal become one value
         run_pipeline(module, f"builtin.module({BUFFERIZE})", "bufferization")
         copies_to_linalg(module)
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
+        unify_argument_dims(_function(module, entry_name), shapes)
+        expose_divisibility(_function(module, entry_name), shapes)
+        run_pipeline(module, "builtin.module(canonicalize, cse)", "dims clean-up")
         # 9. loops over the same rows fuse, and run behind the GEMM whose rows they consume; rows
         #    are what the thread pool splits
         fuse_loops(module)
