@@ -142,6 +142,17 @@ def test_dim_range_is_a_guard():
         compiled(torch.randn(1, 16))
 
 
+def test_unbounded_dim_compiles():
+    """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
+    finite): no range guard, any batch runs."""
+    model = MLP().eval()
+    compiled = disc.compile(model, (torch.randn(4, 16),), dynamic_shapes={"x": {0: Dim("b")}})
+    for b in (1, 3, 300):
+        x = torch.randn(b, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
 class BlockWithBreak(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -139,12 +139,21 @@ def _range_constraints(ep: Any) -> tuple[str, ...]:
     """'s0 >= 2', 's0 <= 512' for each symbol with finite bounds."""
     texts = []
     for sym, vr in ep.range_constraints.items():
-        lo, hi = vr.lower, vr.upper
-        if lo is not None and int(lo) > 0:
-            texts.append(f"{sym} >= {int(lo)}")
-        if hi is not None and hi.is_finite and int(hi) < 2**62:
-            texts.append(f"{sym} <= {int(hi)}")
+        lo, hi = _finite(vr.lower), _finite(vr.upper)
+        if lo is not None and lo > 0:
+            texts.append(f"{sym} >= {lo}")
+        if hi is not None and hi < 2**62:
+            texts.append(f"{sym} <= {hi}")
     return tuple(texts)
+
+
+def _finite(bound: Any) -> int | None:
+    """A range bound as an int; None when unbounded (sympy's `oo` and torch's `int_oo`, which
+    calls itself finite but has no integer value)."""
+    try:
+        return int(bound) if bound is not None and bound.is_finite else None
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
 
 
 def _dim_names(model: Any, dynamic_shapes: Any, dims: list[tuple[int | str, ...]]) -> dict[str, str]:
