@@ -4,6 +4,10 @@ for every rank and element type, over tensor / linalg / scf / arith."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
@@ -131,19 +135,43 @@ def _dynamic_broadcast_in_dim(op, t: Text, state):
     return [_generic(t, out_type, dims, body, "%e")]
 
 
-def _is_shape_vector(op: ir.Operation) -> bool:
-    """A small 1-D integer tensor: a shape being computed, not data."""
+def _is_shape_data(op: ir.Operation) -> bool:
+    """A small integer tensor (a shape, a padding configuration): computed, not data."""
     t = ir.RankedTensorType(op.result.type)
-    return t.rank == 1 and t.has_static_shape and t.shape[0] <= 16 and not isinstance(t.element_type, ir.FloatType)
+    return t.has_static_shape and math.prod(t.shape) <= 16 and not isinstance(t.element_type, ir.FloatType)
 
 
-@register_template("stablehlo.concatenate", when=_is_shape_vector)
-def _shape_concatenate(op, t: Text, state):
+@register_template("stablehlo.concatenate")
+def _concatenate(op, t: Text, state):
     """Shape vectors are assembled from scalars on the host, not by a kernel: the element reads
-    fold into the scalars the operands were built from."""
-    elems = [t(f"tensor.extract %a{k}[{t.const(j)}] : {v.type}")
-             for k, v in enumerate(op.operands) for j in range(ir.RankedTensorType(v.type).shape[0])]
-    return [t(f"tensor.from_elements {', '.join(elems)} : {op.result.type}")]
+    fold into the scalars the operands were built from. Data: each operand is inserted at its
+    offset into an empty result; once bufferized, a producer writes straight into its part of
+    the result (empty-tensor elimination) or the operand is copied there by a contiguous,
+    vectorised loop (upstream's lowering reads every element through a chain of branches on
+    its index, which the loop vectoriser does not take)."""
+    axis = ir.IntegerAttr(op.attributes["dimension"]).value
+    result = ir.RankedTensorType(op.result.type)
+    if _is_shape_data(op):
+        starts = list(itertools.accumulate((ir.RankedTensorType(v.type).shape[axis] for v in op.operands), initial=0))
+        elems = []
+        for index in itertools.product(*map(range, result.shape)):  # row-major, as from_elements reads them
+            k = bisect.bisect_right(starts, index[axis]) - 1
+            at = ", ".join(t.const(j - starts[k] if i == axis else j) for i, j in enumerate(index))
+            elems.append(t(f"tensor.extract %a{k}[{at}] : {op.operands[k].type}"))
+        return [t(f"tensor.from_elements {', '.join(elems)} : {op.result.type}")]
+    first = t.dims("%a0", op.operands[0].type)
+    offsets, total = [], t.const(0)
+    for k, v in enumerate(op.operands):
+        offsets.append(total)
+        total = t(f"arith.addi {total}, {t.dim(f'%a{k}', v.type, axis)} : index")
+    dest = t.empty(op.result.type, [total if i == axis else d for i, d in enumerate(first)])
+    for k, v in enumerate(op.operands):
+        vt = ir.RankedTensorType(v.type)
+        offs = ", ".join(offsets[k] if i == axis else "0" for i in range(result.rank))
+        sizes = ", ".join(_static_or(v, i, t.dim(f"%a{k}", v.type, i)) for i in range(vt.rank))
+        ones = ", ".join("1" for _ in range(vt.rank))
+        dest = t(f"tensor.insert_slice %a{k} into {dest}[{offs}] [{sizes}] [{ones}] : {v.type} into {op.result.type}")
+    return [dest]
 
 
 @register_template("stablehlo.dynamic_reshape")

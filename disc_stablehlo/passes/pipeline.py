@@ -42,7 +42,7 @@ FUSE = ("canonicalize, cse, linalg-fuse-elementwise-ops, resolve-ranked-shaped-t
 # arith on whole tensors (shape vectors cast to i32) becomes linalg: bufferized as is, an index_cast of a
 # tensor would reinterpret the buffer instead of converting each element
 TO_LINALG = f"stablehlo-legalize-to-linalg, func.func(convert-elementwise-to-linalg), {FUSE}"
-BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
+BUFFERIZE = ("eliminate-empty-tensors, one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map "
              "allow-return-allocs-from-loops}, canonicalize")
 # buffers are freed after their last use, so the RAL's cache hands their memory to later buffers
 FREE_AFTER_LAST_USE = "buffer-deallocation-pipeline, convert-bufferization-to-memref, canonicalize"
