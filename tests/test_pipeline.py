@@ -135,6 +135,32 @@ def test_concatenated_parts_are_written_in_place():
         np.testing.assert_allclose(f(*args), rope_like(*args), rtol=1e-6, atol=1e-6)
 
 
+def test_pooling_is_a_parallel_reduction():
+    """A reduce_window whose body is one max / add (here a max pool with JAX's "SAME" padding over
+    a dynamic size: window parameters as constant operands, padding computed at run time) is a
+    reduction kernel on the thread pool, the window its reduction loops; a body of more than one
+    op keeps the general lowering (the body called per window element, no kernel)."""
+    import jax
+    import jax.numpy as jnp
+
+    from conftest import specs_for
+
+    def max_pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+    def sum_of_squares(x):  # not a monoid of the two arguments alone
+        return jax.lax.reduce_window(x, np.float32(0), lambda a, b: a + b * b, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    specs = specs_for([(("b", "h", "h", 8), np.float32)], "b, h")
+    f, g = disc.compile(max_pool, *specs), disc.compile(sum_of_squares, *specs)
+    assert any("arith.maximumf" in k.ops for k in f.kernels) and not g.kernels
+    rng = np.random.default_rng(0)
+    for b, h in [(1, 5), (2, 16)]:
+        x = rng.standard_normal((b, h, h, 8)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), jax.jit(max_pool)(x))
+        np.testing.assert_allclose(g(x), jax.jit(sum_of_squares)(x), rtol=1e-5, atol=1e-6)
+
+
 def test_kernels_describe_what_they_compute():
     import jax
     import jax.numpy as jnp

@@ -79,15 +79,20 @@ class LoweringState:
         last.erase()
         return self.declare_function(name, text)
 
+    def function(self, name: str) -> ir.Operation | None:
+        """The module's function `name`, or None."""
+        for op in self.module.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+                return op.operation
+        return None
+
     def declare_function(self, name: str, text: "Text") -> str:
         """Declares a function of the module in a template's text (so the template parses) and
         returns its name."""
-        for op in self.module.body.operations:
-            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-                ftype = function_type(op)
-                break
-        else:
+        func = self.function(name)
+        if func is None:
             raise UnsupportedOpError(f"function @{name} not found")
+        ftype = function_type(func)
         self.declared.add(name)
         ins, outs = ", ".join(map(str, ftype.inputs)), ", ".join(map(str, ftype.results))
         text.declarations.append(f"func.func private @{name}({ins}) -> ({outs})")
@@ -220,13 +225,14 @@ def register_template(*op_names: str, when: Predicate = lambda op: True) -> Call
 
 def lower_module(module: ir.Module) -> None:
     """Applies registered rewrites until none applies (rewrites may expose new ops, e.g. the
-    bodies of regions moved into functions)."""
+    bodies of regions moved into functions). Consumers go first: a rewrite that reads what
+    makes its operands (constant window parameters) sees the ops, not the calls they become."""
     state = LoweringState(module)
     for _ in range(8):
         pending = [op for op in walk(module.operation) if applies(op)]
         if not pending:
             return
-        for op in pending:
+        for op in reversed(pending):
             try:
                 applies(op)(op, state)
             except UnsupportedOpError:

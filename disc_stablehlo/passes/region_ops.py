@@ -1,12 +1,14 @@
 """Templates for ops that carry a computation region (scatter, sort, reduce_window): the region
-becomes a private function on 0-d tensors, called from scf loops that walk the elements."""
+becomes a private function on 0-d tensors, called from scf loops that walk the elements. A
+reduce_window whose region is one add / multiply / max / min (pooling) is instead a
+linalg.generic with the window as reduction dims, which runs on the thread pool."""
 
 from __future__ import annotations
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from ..mlir_support import int_list
+from ..mlir_support import int_list, operation
 from .dynamic_ops import _elem, _rank
 from .lower import LoweringState, Text, register_template
 
@@ -203,8 +205,81 @@ def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: lis
     return loops.close(stored)
 
 
+# a window body that is one of these ops on its two arguments: float op, signed integer op
+_WINDOW_COMBINERS = {"stablehlo.add": ("arith.addf", "arith.addi"), "stablehlo.multiply": ("arith.mulf", "arith.muli"),
+                     "stablehlo.maximum": ("arith.maximumf", "arith.maxsi"), "stablehlo.minimum": ("arith.minimumf", "arith.minsi")}
+
+
+def _window_combiner(op: ir.Operation, body: ir.Block, base_dilations: list[int]) -> str | None:
+    """The arith op of a one-operand reduce_window whose body combines its two arguments with
+    one of `_WINDOW_COMBINERS` (pooling: max, sum), without base dilation; else None."""
+    if len(op.results) != 1 or any(d != 1 for d in base_dilations):
+        return None
+    ops = list(body.operations)
+    if len(ops) != 2 or ops[0].name not in _WINDOW_COMBINERS or set(ops[0].operands) != set(body.arguments):
+        return None
+    elem = ir.RankedTensorType(op.operands[0].type).element_type
+    if isinstance(elem, ir.FloatType):
+        return _WINDOW_COMBINERS[ops[0].name][0]
+    if isinstance(elem, ir.IntegerType) and elem.is_signless and elem.width > 1:
+        return _WINDOW_COMBINERS[ops[0].name][1]
+    return None
+
+
+def _pooling(op, t: Text, combine: str, window: list[int], strides: list[int], dilations: list[int],
+             pad_lo: list[str], pad_hi: list[str]) -> list[str]:
+    """reduce_window as one linalg.generic: the output's dims parallel, the window's a
+    reduction, the padded input read at `out * stride + window * dilation`. It becomes a
+    parallel loop nest on the thread pool like any other reduction. Padding amounts are
+    literals or index values (JAX's "SAME" padding over a dynamic dim)."""
+    rank = _rank(op.operands[0])
+    elem, in_type = _elem(op.operands[0]), ir.RankedTensorType(op.operands[0].type)
+    init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
+    src, src_type = "%a0", str(in_type)
+    if any(p != "0" for p in pad_lo + pad_hi):
+        shape = "x".join(str(in_type.shape[d] + int(pad_lo[d]) + int(pad_hi[d]))
+                         if not in_type.is_dynamic_dim(d) and pad_lo[d].isdigit() and pad_hi[d].isdigit() else "?"
+                         for d in range(rank))
+        src_type = f"tensor<{shape}x{elem}>"
+        idx = ", ".join(f"%i{d}: index" for d in range(rank))
+        t.emit(f"%padded = tensor.pad %a0 low[{', '.join(pad_lo)}] high[{', '.join(pad_hi)}] {{")
+        t.emit(f"^bb0({idx}):")
+        t.emit(f"  tensor.yield {init} : {elem}")
+        t.emit(f"}} : {in_type} to {src_type}")
+        src = "%padded"
+    padded = t.dims(src, ir.Type.parse(src_type))
+    out_dims = []
+    for d in range(rank):
+        reach = (window[d] - 1) * dilations[d] + 1
+        steps = t(f"arith.floordivsi {t(f'arith.subi {padded[d]}, {t.const(reach)} : index')}, {t.const(strides[d])} : index")
+        out_dims.append(t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index"))
+    ty = str(op.results[0].type)
+    acc = t(f"linalg.fill ins({init} : {elem}) outs({t.empty(op.results[0].type, out_dims)} : {ty}) -> {ty}")
+    shape = t(f"tensor.empty() : tensor<{'x'.join(map(str, window))}x{elem}>")
+    loops = ", ".join(f"d{i}" for i in range(2 * rank))
+    read = ", ".join(f"d{d} * {strides[d]} + d{rank + d} * {dilations[d]}" for d in range(rank))
+    maps = [f"affine_map<({loops}) -> ({read})>", f"affine_map<({loops}) -> ({', '.join(f'd{rank + d}' for d in range(rank))})>",
+            f"affine_map<({loops}) -> ({', '.join(f'd{d}' for d in range(rank))})>"]
+    kinds = ", ".join(['"parallel"'] * rank + ['"reduction"'] * rank)
+    res = t.fresh("pool")
+    t.emit(f"{res} = linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{kinds}]}} "
+           f"ins({src}, {shape} : {src_type}, tensor<{'x'.join(map(str, window))}x{elem}>) outs({acc} : {ty}) {{")
+    t.emit(f"^bb0(%x: {elem}, %w: {elem}, %acc: {elem}):")
+    t.emit(f"  %r = {combine} %acc, %x : {elem}")
+    t.emit(f"  linalg.yield %r : {elem}")
+    t.emit(f"}} -> {ty}")
+    return [res]
+
+
 @register_template("stablehlo.reduce_window")
 def _reduce_window(op, t: Text, state: LoweringState):
+    rank = _rank(op.operands[0])
+    padding = int_list(op, "padding") or [0] * (2 * rank)
+    combine = _window_combiner(op, op.regions[0].blocks[0], int_list(op, "base_dilations"))
+    if combine is not None and min(padding) >= 0:
+        return _pooling(op, t, combine, int_list(op, "window_dimensions"), int_list(op, "window_strides") or [1] * rank,
+                        int_list(op, "window_dilations") or [1] * rank, [str(p) for p in padding[0::2]],
+                        [str(p) for p in padding[1::2]])
     n = len(op.results)
     rank = _rank(op.operands[0])
 
@@ -226,14 +301,36 @@ def _dynamic_reduce_window(op, t: Text, state: LoweringState):
     init values, then window dims, strides, base and window dilations, padding [rank, 2]."""
     n = len(op.results)
     rank = _rank(op.operands[0])
-    fn = state.declare_function(ir.FlatSymbolRefAttr(ir.ArrayAttr(op.attributes["called_computations"])[0]).value, t)
-
-    def vec(k):
-        return [t.extract_index(f"%a{2 * n + k}", op.operands[2 * n + k].type, [t.const(i)]) for i in range(rank)]
     pad = op.operands[2 * n + 4].type
     lo = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(0)]) for i in range(rank)]
     hi = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(1)]) for i in range(rank)]
+    fixed = [_constant_ints(op.operands[2 * n + k]) for k in range(4)]  # window, strides, base and window dilations
+    name = ir.FlatSymbolRefAttr(ir.ArrayAttr(op.attributes["called_computations"])[0]).value
+    func = state.function(name)
+    combine = _window_combiner(op, func.regions[0].blocks[0], fixed[2]) if None not in fixed and func is not None else None
+    if combine is not None:  # padding is checked for >= 0 by JAX's own formula (SAME / VALID)
+        return _pooling(op, t, combine, fixed[0], fixed[1], fixed[3], lo, hi)
+    fn = state.declare_function(name, t)
+
+    def vec(k):
+        return [t.extract_index(f"%a{2 * n + k}", op.operands[2 * n + k].type, [t.const(i)]) for i in range(rank)]
     return _window_reduce(t, op, fn, n, vec(0), vec(1), vec(2), vec(3), lo, hi)
+
+
+def _constant_ints(v: ir.Value) -> list[int] | None:
+    """The elements of an integer vector that is a `stablehlo.constant` or a concatenation of
+    them (JAX builds window parameters so); None for any other value."""
+    if isinstance(v.owner, ir.Block):
+        return None
+    op = operation(v.owner)
+    if op.name == "stablehlo.concatenate" and _rank(v) == 1:
+        parts = [_constant_ints(x) for x in op.operands]
+        return None if None in parts else [x for part in parts for x in part]
+    if op.name != "stablehlo.constant" or _rank(v) != 1:
+        return None
+    attr = ir.DenseIntElementsAttr(op.attributes["value"])
+    n = ir.RankedTensorType(v.type).shape[0]
+    return [int(attr[0])] * n if attr.is_splat else [int(x) for x in attr]
 
 
 @register_template("stablehlo.select_and_scatter")
