@@ -156,6 +156,16 @@ def _sort(op, t: Text, state: LoweringState):
     return outer.close(line.close([f"{res}#{i + 1}" for i in range(n)]))
 
 
+def _window_count(t: Text, padded: str, window: str, stride: str, dilation: str) -> str:
+    """How many windows fit in a padded extent (index values): (padded - reach) / stride + 1, at
+    least 0, where reach = (window - 1) * dilation + 1."""
+    one = t.const(1)
+    span = t(f"arith.muli {t(f'arith.subi {window}, {one} : index')}, {dilation} : index")
+    reach = t(f"arith.addi {span}, {one} : index")
+    steps = t(f"arith.floordivsi {t(f'arith.subi {padded}, {reach} : index')}, {stride} : index")
+    return t(f"arith.maxsi {t(f'arith.addi {steps}, {one} : index')}, {t.const(0)} : index")
+
+
 def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: list[str], base_dil: list[str],
                    win_dil: list[str], pad_lo: list[str], pad_hi: list[str]) -> list[str]:
     """reduce_window over operands %a0..%a{n-1} with init values %a{n}..%a{2n-1}; every
@@ -174,11 +184,7 @@ def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: lis
         last = t(f"arith.subi {in_dims[d]}, {one} : index")
         dilated = t(f"arith.addi {t(f'arith.muli {last}, {base_dil[d]} : index')}, {one} : index")
         padded = t(f"arith.addi {dilated}, {t(f'arith.addi {pad_lo[d]}, {pad_hi[d]} : index')} : index")
-        span = t(f"arith.muli {t(f'arith.subi {window[d]}, {one} : index')}, {win_dil[d]} : index")
-        reach = t(f"arith.addi {span}, {one} : index")
-        steps = t(f"arith.floordivsi {t(f'arith.subi {padded}, {reach} : index')}, {strides[d]} : index")
-        count = t(f"arith.addi {steps}, {one} : index")
-        out_dims.append(t(f"arith.maxsi {count}, {t.const(0)} : index"))
+        out_dims.append(_window_count(t, padded, window[d], strides[d], win_dil[d]))
     init_vals = [t(f"tensor.extract %a{n + i}[] : {v.type}") for i, v in enumerate(inits)]
     outs = [t.empty(r.type, out_dims) for r in op.results]
     result_types = [str(r.type) for r in op.results]
@@ -248,11 +254,7 @@ def _pooling(op, t: Text, combine: str, window: list[int], strides: list[int], d
         t.emit(f"}} : {in_type} to {src_type}")
         src = "%padded"
     padded = t.dims(src, ir.Type.parse(src_type))
-    out_dims = []
-    for d in range(rank):
-        reach = (window[d] - 1) * dilations[d] + 1
-        steps = t(f"arith.floordivsi {t(f'arith.subi {padded[d]}, {t.const(reach)} : index')}, {t.const(strides[d])} : index")
-        out_dims.append(t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index"))
+    out_dims = [_window_count(t, padded[d], t.const(window[d]), t.const(strides[d]), t.const(dilations[d])) for d in range(rank)]
     ty = str(op.results[0].type)
     acc = t(f"linalg.fill ins({init} : {elem}) outs({t.empty(op.results[0].type, out_dims)} : {ty}) -> {ty}")
     shape = t(f"tensor.empty() : tensor<{'x'.join(map(str, window))}x{elem}>")
