@@ -496,7 +496,8 @@ def _column_reduction(loop: ir.Operation) -> ir.Operation | None:
 
 def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
     """parallel (..., n) { pre; for m { body }; post } ->
-    parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }"""
+    parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }
+    (with `for m` a perfect nest of reduction loops, the column loop goes inside the innermost)"""
     bounds = loop_bounds(loop)
     lb, ub, _ = bounds[-1]
     old = loop.regions[0].blocks[0]
@@ -528,8 +529,14 @@ def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
     if ops[:i]:
         columns(ops[:i], terminator)
     red.move_before(terminator)
-    red_body = red.regions[0].blocks[0]
-    red_ops = [o.operation for o in red_body.operations]
+    # through perfectly nested reduction loops (a convolution's window rows, window columns and
+    # input features): the block's columns become the innermost loop, under all of them
+    while True:
+        red_ops = [o.operation for o in red.regions[0].blocks[0].operations]
+        nested = red_ops[0] if len(red_ops) == 2 and red_ops[0].name == "scf.for" and not red_ops[0].results else None
+        if nested is None or any(v == n_old for v in nested.operands):
+            break
+        red = nested
     columns(red_ops[:-1], red_ops[-1])
     if ops[i + 1:]:
         columns(ops[i + 1:], terminator)
