@@ -161,6 +161,50 @@ def test_pooling_is_a_parallel_reduction():
         np.testing.assert_allclose(g(x), jax.jit(sum_of_squares)(x), rtol=1e-5, atol=1e-6)
 
 
+def test_invariant_conditional_reads_leave_the_inner_loop():
+    """A read under a bounds check that does not depend on the inner loop (a padded input read
+    in a convolution's loop over output features) moves before that loop with its index
+    arithmetic; the loop's own reads and writes, and a division, stay."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+    from disc_stablehlo.passes.loops import hoist_invariant_loads
+
+    text = """
+    func.func @f(%x: memref<?xf32>, %w: memref<16xf32>, %out: memref<?x16xf32>, %n: index, %m: index) {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c16 = arith.constant 16 : index
+      %zero = arith.constant 0.0 : f32
+      scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+        scf.for %j = %c0 to %c16 step %c1 {
+          %p = arith.subi %i, %c1 : index
+          %q = arith.divsi %i, %m : index
+          %ok = arith.cmpi sge, %p, %c0 : index
+          %v = scf.if %ok -> (f32) {
+            %l = memref.load %x[%p] : memref<?xf32>
+            scf.yield %l : f32
+          } else {
+            scf.yield %zero : f32
+          }
+          %k = memref.load %w[%j] : memref<16xf32>
+          %y = arith.mulf %v, %k : f32
+          memref.store %y, %out[%q, %j] : memref<?x16xf32>
+        }
+        scf.reduce
+      }
+      return
+    }"""
+    with new_context():
+        module = ir.Module.parse(text)
+        assert hoist_invariant_loads(module) == 3  # the subtraction, the comparison, the conditional read
+        inner = next(op for op in module.body.operations[0].regions[0].blocks[0].operations if op.name == "scf.parallel")
+        outer_body = [op.name for op in inner.regions[0].blocks[0].operations]
+        assert outer_body[:4] == ["arith.subi", "arith.cmpi", "scf.if", "scf.for"]
+        loop = inner.regions[0].blocks[0].operations[3]
+        assert [op.name for op in loop.regions[0].blocks[0].operations][:2] == ["arith.divsi", "memref.load"]
+
+
 def test_kernels_describe_what_they_compute():
     import jax
     import jax.numpy as jnp

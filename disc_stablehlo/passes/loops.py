@@ -344,20 +344,52 @@ def _carry(loop: ir.Operation, load: ir.Operation, store: ir.Operation) -> ir.Op
 
 def hoist_invariant_loads(module: ir.Module) -> int:
     """Loads at loop-invariant indices from a buffer the loop never writes (no write in it to the
-    same storage) move before the loop: LLVM cannot prove that on its own for memref pointers,
-    and a load it must repeat every iteration keeps the loop from vectorising. Returns the count."""
+    same storage) move before the loop, with the index arithmetic they need and the conditional
+    reads around them (a padded input read under a bounds check, in a convolution's loop over
+    output features): LLVM cannot prove that on its own for memref pointers, and a load it must
+    repeat every iteration keeps the loop from vectorising (a conditional one becomes a gather).
+    Inner loops first, so what leaves one loop can leave the next. Returns the count."""
     hoisted = 0
-    for loop in [op for op in walk(module.operation) if op.name in ("scf.for", "scf.parallel") and _in_parallel(op)]:
+    loops = [op for op in walk(module.operation) if op.name in ("scf.for", "scf.parallel") and _in_parallel(op)]
+    for loop in reversed(loops):
         accesses = _accesses(loop)
         if accesses is None:
             continue
         written = {_root(r) for r, _, w in accesses if w}
-        for load in [o.operation for o in loop.regions[0].blocks[0].operations]:
-            if (load.name == "memref.load" and _root(load.operands[0]) not in written
-                    and all(defined_outside(v, loop) for v in load.operands)):
-                load.move_before(loop)
+        moved: list[ir.Operation] = []
+        for op in [o.operation for o in loop.regions[0].blocks[0].operations]:
+            if _invariant_read(op, loop, written, moved):
+                op.move_before(loop)
+                moved.append(op)
                 hoisted += 1
     return hoisted
+
+
+def _invariant_read(op: ir.Operation, loop: ir.Operation, written: set, moved: list[ir.Operation]) -> bool:
+    """Whether `op` computes the same value in every iteration of `loop` without side effects:
+    pure index / arithmetic ops, loads from storage the loop never writes, and `scf.if`s made of
+    those, over values from outside the loop (or from ops already moved out)."""
+    def outside(v: ir.Value) -> bool:
+        return defined_outside(v, loop) or (not isinstance(v.owner, ir.Block) and operation(v.owner) in moved)
+
+    def pure(o: ir.Operation) -> bool:  # no division: one hoisted out of a loop that runs no iteration could trap
+        return o.name.startswith(("arith.", "affine.apply")) and "div" not in o.name and "rem" not in o.name and not o.regions
+
+    if op.name == "memref.load":
+        return _root(op.operands[0]) not in written and all(outside(v) for v in op.operands)
+    if pure(op):
+        return all(outside(v) for v in op.operands)
+    if op.name != "scf.if" or not op.results or not all(outside(v) for v in op.operands):
+        return False
+    inner = list(walk(op))[1:]
+    for o in inner:
+        if o.name == "memref.load" and _root(o.operands[0]) in written:
+            return False
+        if o.name not in ("memref.load", "scf.yield") and not pure(o):
+            return False
+        if not all(outside(v) or not defined_outside(v, op) for v in o.operands):
+            return False
+    return True
 
 
 VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
