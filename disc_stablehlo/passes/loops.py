@@ -367,16 +367,17 @@ def hoist_invariant_loads(module: ir.Module) -> int:
 
 def _invariant_read(op: ir.Operation, loop: ir.Operation, written: set, moved: list[ir.Operation]) -> bool:
     """Whether `op` computes the same value in every iteration of `loop` without side effects:
-    pure index / arithmetic ops, loads from storage the loop never writes, and `scf.if`s made of
-    those, over values from outside the loop (or from ops already moved out)."""
+    pure index / arithmetic ops, loads from storage the loop never writes at indices from before
+    the loop, and `scf.if`s (bounds checks) made of those, over values from outside the loop or
+    from ops already moved out."""
     def outside(v: ir.Value) -> bool:
         return defined_outside(v, loop) or (not isinstance(v.owner, ir.Block) and operation(v.owner) in moved)
 
     def pure(o: ir.Operation) -> bool:  # no division: one hoisted out of a loop that runs no iteration could trap
         return o.name.startswith(("arith.", "affine.apply")) and "div" not in o.name and "rem" not in o.name and not o.regions
 
-    if op.name == "memref.load":
-        return _root(op.operands[0]) not in written and all(outside(v) for v in op.operands)
+    if op.name == "memref.load":  # unguarded: only at indices computed before the loop (in bounds if the loop runs)
+        return _root(op.operands[0]) not in written and all(defined_outside(v, loop) for v in op.operands)
     if pure(op):
         return all(outside(v) for v in op.operands)
     if op.name != "scf.if" or not op.results or not all(outside(v) for v in op.operands):
