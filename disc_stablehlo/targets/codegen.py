@@ -116,10 +116,10 @@ def _sizes(llvm_ir: str) -> dict[str, int]:
     return {name: llvm_ir.count("\n", start, end) for (name, start), end in zip(starts, ends)}
 
 
-def split(llvm_ir: str, kernels: list[str]) -> frozenset[str]:
-    """The kernels the helper compiles: the largest first, each to the side with less work so
-    far (this process starts with the host code)."""
-    sizes = _sizes(llvm_ir)
+def split(sizes: dict[str, int], kernels: list[str]) -> frozenset[str]:
+    """The kernels the helper compiles (`sizes`: lines of each function defined in the module):
+    the largest first, each to the side with less work so far (this process starts with the
+    host code)."""
     movable = sorted((k for k in set(kernels) if k in sizes), key=lambda k: -sizes[k])
     here = HOST_WEIGHT * sum(n for name, n in sizes.items() if name not in movable)
     there, helper = 0.0, set()
@@ -177,13 +177,18 @@ _helper_failed = False  # once a helper has failed, this process compiles everyt
 _helper_lock = threading.Lock()
 
 
+def _wanted() -> bool:
+    """Whether this process may use a helper: not disabled, none failed before, and run by a
+    Python interpreter that could run one."""
+    return (os.environ.get("DISC_COMPILE_HELPER", "1") != "0" and not _helper_failed
+            and os.path.basename(sys.executable or "").startswith("python"))
+
+
 def start_helper() -> None:
     """Starts the helper process if none is running (returns at once: it loads llvmlite while
-    the caller runs the MLIR passes); not when disabled, failed before, or when this process is
-    not run by a Python interpreter that could run it."""
+    the caller runs the MLIR passes) and one is wanted (`_wanted`)."""
     global _helper, _helper_failed
-    if (os.environ.get("DISC_COMPILE_HELPER", "1") == "0" or _helper_failed
-            or not os.path.basename(sys.executable or "").startswith("python")):
+    if not _wanted():
         return
     with _helper_lock:
         if _helper is None or not _helper.alive():
@@ -197,21 +202,21 @@ def ready_helper() -> _Helper | None:
     """The helper, when it is running and ready to take work now."""
     with _helper_lock:
         helper = _helper
-    ok = helper is not None and not _helper_failed and os.environ.get("DISC_COMPILE_HELPER", "1") != "0"
-    return helper if ok and helper.alive() and helper.is_ready() else None
+    return helper if helper is not None and _wanted() and helper.alive() and helper.is_ready() else None
 
 
 def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[bytes], bool]:
     """Object files for the module (one, or two when the helper takes some of `kernels`), and
     whether they call libmvec."""
     helper = ready_helper() if len(set(kernels)) >= 2 else None
-    there = split(llvm_ir, kernels) if helper is not None else frozenset()
+    sizes = _sizes(llvm_ir) if helper is not None else {}
+    there = split(sizes, kernels) if helper is not None else frozenset()
     if not there or not helper.lock.acquire(blocking=False):
         obj, libmvec = compile_part(llvm_ir, spec)
         return [obj], libmvec
     try:
         reply: list = []
-        request = (llvm_ir, spec, frozenset(_sizes(llvm_ir)) - there, True)
+        request = (llvm_ir, spec, frozenset(sizes) - there, True)
         worker = threading.Thread(target=lambda: reply.append(_ask(helper, request)))
         worker.start()
         try:
