@@ -165,6 +165,14 @@ def operation(x) -> ir.Operation:
     return x.operation if hasattr(x, "operation") else x
 
 
+def find_function(module: ir.Module, name: str) -> ir.Operation | None:
+    """The module's `func.func` named `name`, or None."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    return None
+
+
 def function_type(func: ir.Operation) -> ir.FunctionType:
     return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
 

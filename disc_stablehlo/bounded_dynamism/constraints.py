@@ -15,7 +15,7 @@ import re
 from torch_mlir import ir
 
 from ..errors import CompileError
-from ..mlir_support import CMPI_PREDICATES, function_type, int_constant, walk
+from ..mlir_support import CMPI_PREDICATES, find_function, function_type, int_constant, walk
 from .analysis import Fact, ShapeAnalysis, ShapeFacts
 from .signature import Signature
 from .symbolic import Dim, parse_constraint, split_atom
@@ -205,10 +205,7 @@ def _quote(text: str) -> str:
 
 
 def constraint_function(module: ir.Module) -> ir.Operation | None:
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == CONSTRAINT_FUNCTION:
-            return op.operation
-    return None
+    return find_function(module, CONSTRAINT_FUNCTION)
 
 
 def save_to_ir(module: ir.Module, entry: ir.Operation, signature: Signature, analysis: ShapeAnalysis) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 from torch_mlir import ir
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import describe, function_type, is_inside, new_private_function, walk
+from ..mlir_support import describe, find_function, function_type, is_inside, new_private_function, walk
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
 Predicate = Callable[[ir.Operation], bool]
@@ -79,17 +79,10 @@ class LoweringState:
         last.erase()
         return self.declare_function(name, text)
 
-    def function(self, name: str) -> ir.Operation | None:
-        """The module's function `name`, or None."""
-        for op in self.module.body.operations:
-            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-                return op.operation
-        return None
-
     def declare_function(self, name: str, text: "Text") -> str:
         """Declares a function of the module in a template's text (so the template parses) and
         returns its name."""
-        func = self.function(name)
+        func = find_function(self.module, name)
         if func is None:
             raise UnsupportedOpError(f"function @{name} not found")
         ftype = function_type(func)

@@ -15,7 +15,7 @@ from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, b
                                             load_from_ir, record_fact, save_to_ir)
 from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
 from ..errors import CompileError, UnsupportedOpError
-from ..mlir_support import describe, function_type, run_pipeline, verify, walk
+from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
@@ -154,10 +154,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation:
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op.operation
-    raise CompileError(f"function @{name} not found")
+    func = find_function(module, name)
+    if func is None:
+        raise CompileError(f"function @{name} not found")
+    return func
 
 
 def _mark_entry_points(module: ir.Module, names: list[str]) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from ..mlir_support import int_list, operation
-from .dynamic_ops import _elem, _rank
+from ..mlir_support import find_function, int_list, operation
+from .dynamic_ops import _elem, _pad, _rank
 from .lower import LoweringState, Text, register_template
 
 
@@ -233,26 +233,21 @@ def _window_combiner(op: ir.Operation, body: ir.Block, base_dilations: list[int]
 
 
 def _pooling(op, t: Text, combine: str, window: list[int], strides: list[int], dilations: list[int],
-             pad_lo: list[str], pad_hi: list[str]) -> list[str]:
+             pad_lo: list[int | str], pad_hi: list[int | str]) -> list[str]:
     """reduce_window as one linalg.generic: the output's dims parallel, the window's a
     reduction, the padded input read at `out * stride + window * dilation`. It becomes a
-    parallel loop nest on the thread pool like any other reduction. Padding amounts are
-    literals or index values (JAX's "SAME" padding over a dynamic dim)."""
+    parallel loop nest on the thread pool like any other reduction. Padding amounts are ints or
+    index values (JAX's "SAME" padding over a dynamic dim)."""
     rank = _rank(op.operands[0])
     elem, in_type = _elem(op.operands[0]), ir.RankedTensorType(op.operands[0].type)
     init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
     src, src_type = "%a0", str(in_type)
-    if any(p != "0" for p in pad_lo + pad_hi):
-        shape = "x".join(str(in_type.shape[d] + int(pad_lo[d]) + int(pad_hi[d]))
-                         if not in_type.is_dynamic_dim(d) and pad_lo[d].isdigit() and pad_hi[d].isdigit() else "?"
-                         for d in range(rank))
+    if any(p != 0 for p in pad_lo + pad_hi):
+        shape = "x".join("?" if in_type.is_dynamic_dim(d) or isinstance(pad_lo[d], str) or isinstance(pad_hi[d], str)
+                         else str(in_type.shape[d] + pad_lo[d] + pad_hi[d]) for d in range(rank))
         src_type = f"tensor<{shape}x{elem}>"
-        idx = ", ".join(f"%i{d}: index" for d in range(rank))
-        t.emit(f"%padded = tensor.pad %a0 low[{', '.join(pad_lo)}] high[{', '.join(pad_hi)}] {{")
-        t.emit(f"^bb0({idx}):")
-        t.emit(f"  tensor.yield {init} : {elem}")
-        t.emit(f"}} : {in_type} to {src_type}")
-        src = "%padded"
+        index = [[t.const(p) if isinstance(p, int) else p for p in pads] for pads in (pad_lo, pad_hi)]
+        src = _pad(t, "%a0", in_type, init, src_type, *index, [t.const(0)] * rank)
     padded = t.dims(src, ir.Type.parse(src_type))
     out_dims = [_window_count(t, padded[d], t.const(window[d]), t.const(strides[d]), t.const(dilations[d])) for d in range(rank)]
     ty = str(op.results[0].type)
@@ -280,14 +275,11 @@ def _reduce_window(op, t: Text, state: LoweringState):
     combine = _window_combiner(op, op.regions[0].blocks[0], int_list(op, "base_dilations"))
     if combine is not None and min(padding) >= 0:
         return _pooling(op, t, combine, int_list(op, "window_dimensions"), int_list(op, "window_strides") or [1] * rank,
-                        int_list(op, "window_dilations") or [1] * rank, [str(p) for p in padding[0::2]],
-                        [str(p) for p in padding[1::2]])
+                        int_list(op, "window_dilations") or [1] * rank, padding[0::2], padding[1::2])
     n = len(op.results)
-    rank = _rank(op.operands[0])
 
     def attr(name, default):
         return [t.const(v) for v in (int_list(op, name) or [default] * rank)]
-    padding = int_list(op, "padding") or [0] * (2 * rank)
     fn = state.region_function(op.regions[0], "window_body", t)
     return _window_reduce(t, op, fn, n, attr("window_dimensions", 1), attr("window_strides", 1), attr("base_dilations", 1),
                           attr("window_dilations", 1), [t.const(p) for p in padding[0::2]], [t.const(p) for p in padding[1::2]])
@@ -308,7 +300,7 @@ def _dynamic_reduce_window(op, t: Text, state: LoweringState):
     hi = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(1)]) for i in range(rank)]
     fixed = [_constant_ints(op.operands[2 * n + k]) for k in range(4)]  # window, strides, base and window dilations
     name = ir.FlatSymbolRefAttr(ir.ArrayAttr(op.attributes["called_computations"])[0]).value
-    func = state.function(name)
+    func = find_function(state.module, name)
     combine = _window_combiner(op, func.regions[0].blocks[0], fixed[2]) if None not in fixed and func is not None else None
     if combine is not None:  # padding is checked for >= 0 by JAX's own formula (SAME / VALID)
         return _pooling(op, t, combine, fixed[0], fixed[1], fixed[3], lo, hi)
