@@ -140,12 +140,13 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
     if entry_dir and os.path.exists(os.path.join(entry_dir, "lowered.pkl")):
         with open(os.path.join(entry_dir, "lowered.pkl"), "rb") as f:
             lowered = pickle.load(f)
-        exe = Executable(os.path.join(entry_dir, "compiled.so"), lowered.entry, imported.signature, lowered.assertions, default_runtime())
+        exe = Executable(os.path.join(entry_dir, "compiled.so"), lowered.entry, imported.signature, lowered.assertions, default_runtime(),
+                         lowered.params)
         return CompiledFunction(exe, imported, lowered, compile_count=0)
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
-                              tuple(constraints), buffer_reuse)
+                              tuple(constraints), buffer_reuse, imported.params)
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(lowered.shapes.report(), file=sys.stderr)
     objects, libmvec = emit_objects(lowered.llvm_ir, tgt, [k.name for k in lowered.kernels])
@@ -161,7 +162,8 @@ def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str
                 so_path = os.path.join(entry_dir, "compiled.so")
             except OSError:
                 pass  # another process stored the same entry first
-        exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime())
+        exe = Executable(so_path, lowered.entry, imported.signature, lowered.assertions, default_runtime(),
+                         lowered.params)
     return CompiledFunction(exe, imported, lowered)
 
 

@@ -178,8 +178,10 @@ def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: ctypes.Structure, dtype: np.d
 class Executable:
     """A compiled shared object: the entry function, its optional guard, and how to call them."""
 
-    def __init__(self, so_path: str, entry: str, signature: Signature, assertions: list[Assertion], runtime: Runtime):
+    def __init__(self, so_path: str, entry: str, signature: Signature, assertions: list[Assertion], runtime: Runtime,
+                 params: Sequence[np.ndarray] = ()):
         self.lib = ctypes.CDLL(so_path)
+        self.params = list(params)  # the entry's trailing arguments, after the caller's
         self.signature = signature
         self.runtime = runtime
         self.entry = NativeFunction(self.lib, entry, [len(r.shape) for r in signature.results])
@@ -189,7 +191,7 @@ class Executable:
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.signature.check(arrays)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
+        arrays = [np.ascontiguousarray(a) for a in arrays] + self.params
         lib, ctx = ral(), ctypes.c_void_p()
         if lib.ral_context_create(self.runtime.handle, ctypes.byref(ctx)) != 0:
             raise RuntimeFailure("cannot create a runtime context")

@@ -90,11 +90,13 @@ def spec_from_type(name: str, t: ir.Type, dims: Sequence[Dim] | None = None) -> 
 
 
 def signature_from_function(func: ir.Operation, arg_dims: Sequence[Sequence[Dim]] | None = None,
-                            arg_names: Sequence[str] | None = None) -> Signature:
+                            arg_names: Sequence[str] | None = None, num_params: int = 0) -> Signature:
     """Reads the signature of `func`; dims the frontend named (JAX's symbolic dims) override the
-    per-argument placeholders that unknown `?` dims otherwise get."""
+    per-argument placeholders that unknown `?` dims otherwise get. The last `num_params` arguments
+    are parameters (weights the compiled function carries), not the caller's."""
     ftype = function_type(func)
-    names = list(arg_names) if arg_names else [f"arg{i}" for i in range(len(ftype.inputs))]
-    args = tuple(spec_from_type(names[i], t, arg_dims[i] if arg_dims else None) for i, t in enumerate(ftype.inputs))
+    inputs = list(ftype.inputs)[:len(ftype.inputs) - num_params]
+    names = list(arg_names) if arg_names else [f"arg{i}" for i in range(len(inputs))]
+    args = tuple(spec_from_type(names[i], t, arg_dims[i] if arg_dims else None) for i, t in enumerate(inputs))
     results = tuple(spec_from_type(f"result{i}", t) for i, t in enumerate(ftype.results))
     return Signature(args, results)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import numpy as np
 from torch_mlir import ir
 
 from ..bounded_dynamism import Signature, signature_from_function
@@ -27,6 +28,7 @@ class Imported:
     pack_results: Callable[[list], Any] | None = None  # flat results -> the source function's structure
     facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
     checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
+    params: tuple[np.ndarray, ...] = ()  # data of the entry's arguments after the signature's (weights)
 
 
 Frontend = Callable[..., Imported]

@@ -8,11 +8,14 @@ import re
 import sys
 from typing import Any
 
+import ml_dtypes
+import numpy as np
 from torch_mlir import ir
 
 from ..bounded_dynamism import signature_from_function
 from ..errors import CompileError
 from ..mlir_support import function_type
+from ..passes.parameters import PARAM_MIN_BYTES, add_parameter
 from . import Imported, find_entry, parse_stablehlo, register_frontend
 
 
@@ -197,6 +200,49 @@ def _input_dims(ep: Any) -> list[tuple[int | str, ...]]:
     return dims
 
 
+class _ParameterHooks:
+    """Makes the program's tensors (parameters, buffers, lifted constants) of PARAM_MIN_BYTES or
+    more trailing arguments of `main` instead of IR literals (torch-mlir would print them into
+    the module through Python lists); their data is kept in `tensors`, in argument order."""
+
+    def __init__(self) -> None:
+        from torch_mlir.extras.fx_importer import FxImporterHooks
+
+        self.base = FxImporterHooks()
+        self.tensors: list[Any] = []
+        self.args: dict[tuple, ir.Value] = {}
+
+    def __getattr__(self, name: str) -> Any:  # the importer's other hooks keep their defaults
+        return getattr(self.base, name)
+
+    def resolve_literal(self, gni: Any, literal: Any, info: Any) -> ir.Value | None:
+        import torch
+
+        if not isinstance(literal, torch.Tensor) or literal.numel() * literal.element_size() < PARAM_MIN_BYTES:
+            return None
+        func = gni._b.owner
+        if ir.StringAttr(func.attributes["sym_name"]).value != "main":
+            return None  # a higher-order op's body: a literal there
+        # the tensor is kept alive below, so its address cannot be reused by another while importing
+        key = (literal.data_ptr(), literal.dtype, tuple(literal.shape), tuple(literal.stride()))
+        if key not in self.args:
+            self.args[key] = add_parameter(func, gni._cc.tensor_to_vtensor_type(literal), ir.Location.unknown())
+            self.tensors.append(literal)
+        return self.args[key]
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        import torch
+
+        out = []
+        for t in self.tensors:
+            t = t.detach().cpu().contiguous()
+            if t.dtype == torch.bfloat16:
+                out.append(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+            else:
+                out.append(t.numpy())
+        return tuple(out)
+
+
 def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> Imported:
     import torch
     import torch_mlir.fx as fx
@@ -210,7 +256,8 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
         except Exception as e:
             raise CompileError(f"torch.export failed: {e}") from None
     try:
-        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions())
+        hooks = _ParameterHooks()
+        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions(), hooks=hooks)
     except Exception as e:
         raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {e}") from None
     module = parse_stablehlo(str(mlir))
@@ -220,8 +267,9 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
     constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
     with module.context:
         entry = find_entry(module)
-        sig = signature_from_function(entry, dims, list(ep.graph_signature.user_inputs))
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints)
+        params = hooks.arrays()
+        sig = signature_from_function(entry, dims, list(ep.graph_signature.user_inputs), len(params))
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints, params=params)
 
 
 register_frontend(_is_torch, _from_torch)

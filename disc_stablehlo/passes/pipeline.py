@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
@@ -28,6 +29,7 @@ from .math_ops import keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
 from .signless import make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
+from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 
 FLATTEN = "inline{default-pipeline=}, symbol-dce"
@@ -62,6 +64,7 @@ class LoweredModule:
     assertions: list[Assertion]  # empty: no guard function
     shapes: ShapeAnalysis
     kernels: list[Kernel]        # the parallel loop nests, outlined for the RAL thread pool
+    params: list[np.ndarray]     # data of the entry's trailing arguments after the signature's (weights)
 
     @property
     def guard(self) -> str | None:
@@ -70,9 +73,10 @@ class LoweredModule:
 
 def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
                     frontend_unchecked: tuple[str, ...] = (), constraints: tuple[str, ...] = (),
-                    buffer_reuse: bool = True) -> LoweredModule:
+                    buffer_reuse: bool = True, params: tuple[np.ndarray, ...] = ()) -> LoweredModule:
     """`frontend_facts` the frontend checks itself (JAX's); `frontend_unchecked` it knows but does
-    not check (torch.export's dim ranges); `constraints` the user's. The last two get guards."""
+    not check (torch.export's dim ranges); `constraints` the user's. The last two get guards.
+    `params`: the data of the entry's arguments after the signature's (the frontend's weights)."""
     with module.context, ir.Location.unknown():
         # 0. user constraints, #stablehlo.bounds and the constraints a saved module carries become shape
         #    assertions (checked by the guard)
@@ -85,6 +89,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main);
         #    shape-dialect computations (torch-mlir's) become tensor/arith
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        params = [*params, *hoist_parameters(_function(module, entry_name))]  # large constants leave the IR
         resolve_ranked_shapes(module)
         run_pipeline(module, f"builtin.module({SHAPE_TO_STD})", "shape dialect lowering")
         # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
@@ -150,7 +155,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         verify(module, "translation to LLVM IR")
-        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions, shapes, kernels)
+        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions, shapes, kernels,
+                             params)
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation:

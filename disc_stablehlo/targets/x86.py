@@ -16,8 +16,10 @@ from . import Target, codegen
 # rejects: words (`-inf`, `+qnan`), raw bits (`f0x3727C5AC`), and shortest decimals that are not
 # exact doubles (`2.326820e-02` for a float). Each is rewritten to the classic hexadecimal form
 # of its type, found as the nearest type word before it on the line (`phi float [ -inf, ...]`).
-_LITERAL_RE = re.compile(r"(?<![\w.%@])(?:f0x([0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16})|([+-]?(?:inf|q?nan))|([+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
-_TYPE_RE = re.compile(r"\b(half|bfloat|float|double)\b")
+# One scan over the text: type words and line starts are matched with the literals, in order.
+_TOKEN_RE = re.compile(r"(?P<nl>\n[ \t]*(?P<skip>;|!|source_filename|target)?)|\b(?P<type>half|bfloat|float|double)\b"
+                       r"|(?<![\w.%@])(?:f0x(?P<bits>[0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16})|(?P<word>[+-]?(?:inf|q?nan))"
+                       r"|(?P<dec>[+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
 
 
 def _hex_literal(value: float, type_name: str) -> str:
@@ -31,26 +33,32 @@ def _hex_literal(value: float, type_name: str) -> str:
 
 
 def _classic_float_literals(llvm_ir: str) -> str:
+    """Linear in the text: each token is looked at once, with the line's last type word so far."""
+    line_type: list[str | None] = [None]
+    skip_line = [False]
+
     def sub(m: re.Match) -> str:
-        before = llvm_ir[llvm_ir.rfind("\n", 0, m.start()) + 1:m.start()].lstrip()  # the line up to the literal
-        if before.startswith((";", "!", "source_filename", "target")):
+        if m.group("nl") is not None:
+            line_type[0], skip_line[0] = None, m.group("skip") is not None
             return m.group(0)
-        types = _TYPE_RE.findall(before)
-        if m.group(1):  # raw bits: 4 hex digits half or bfloat, 8 float, 16 double
-            bits = m.group(1)
+        if m.group("type"):
+            line_type[0] = m.group("type")
+            return m.group(0)
+        last = line_type[0]
+        if skip_line[0]:
+            return m.group(0)
+        if m.group("bits"):  # raw bits: 4 hex digits half or bfloat, 8 float, 16 double
+            bits = m.group("bits")
             if len(bits) == 4:
-                return ("0xR" if types and types[-1] == "bfloat" else "0xH") + bits.upper()
+                return ("0xR" if last == "bfloat" else "0xH") + bits.upper()
             if len(bits) == 16:
                 return "0x" + bits.upper()
             return _hex_literal(struct.unpack("<f", struct.pack("<I", int(bits, 16)))[0], "double")
-        if not types:
+        if last is None or (m.group("dec") and last == "double"):
             return m.group(0)
-        word = m.group(2) or m.group(3)
-        value = float(word.replace("q", "")) if m.group(2) else float(word)
-        if m.group(3) and types[-1] == "double":
-            return word
-        return _hex_literal(value, types[-1])
-    return _LITERAL_RE.sub(sub, llvm_ir)
+        word = m.group("word") or m.group("dec")
+        return _hex_literal(float(word.replace("q", "")), last)
+    return _TOKEN_RE.sub(sub, "\n" + llvm_ir)[1:]
 
 
 def emit_objects(llvm_ir: str, target: Target, kernels: list[str]) -> tuple[list[bytes], bool]:

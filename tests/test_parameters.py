@@ -1,0 +1,60 @@
+"""Weights as binary parameters: large constants never become IR text, and compile time does not
+grow with the parameter count."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import export
+
+import disc_stablehlo as disc
+from disc_stablehlo.passes.parameters import PARAM_MIN_BYTES
+
+
+def test_a_million_element_constant_is_a_parameter():
+    w = np.random.default_rng(0).standard_normal((1000, 1000)).astype(np.float32)
+    b, = export.symbolic_shape("b")
+    f = disc.compile(lambda x: jnp.tanh(x @ w), jax.ShapeDtypeStruct((b, 1000), jnp.float32))
+    assert [p.shape for p in f._exe.params] == [(1000, 1000)]
+    assert len(f.llvm_ir) < 200_000  # the weights are not in the code
+    for n in (1, 7):
+        x = np.random.default_rng(n).standard_normal((n, 1000)).astype(np.float32)
+        np.testing.assert_allclose(f(x), np.tanh(x @ w), rtol=1e-4, atol=1e-5)
+
+
+def test_small_constants_stay_in_the_ir():
+    c = np.arange(8, dtype=np.float32)  # under PARAM_MIN_BYTES
+    assert c.nbytes < PARAM_MIN_BYTES
+    b, = export.symbolic_shape("b")
+    f = disc.compile(lambda x: x * c, jax.ShapeDtypeStruct((b, 8), jnp.float32))
+    assert f._exe.params == []
+    x = np.ones((3, 8), np.float32)
+    np.testing.assert_allclose(f(x), x * c)
+
+
+def _mlp_compile_seconds(width: int) -> float:
+    import torch
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                                torch.nn.GELU(), torch.nn.Linear(width, 64))
+    x = torch.randn(4, 64)
+    start = time.perf_counter()
+    f = disc.compile(model, (x,), dynamic_shapes={"input": {0: Dim("batch")}})
+    seconds = time.perf_counter() - start
+    for n in (1, 9):
+        x = torch.randn(n, 64)
+        with torch.no_grad():
+            np.testing.assert_allclose(f(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
+    return seconds
+
+
+def test_a_16x_wider_model_compiles_about_as_fast():
+    _mlp_compile_seconds(32)  # warms torch.export and the compiler up
+    narrow = min(_mlp_compile_seconds(64) for _ in range(2))
+    wide = min(_mlp_compile_seconds(1024) for _ in range(2))  # 256x the weights of the middle layer
+    assert wide <= 1.3 * narrow + 0.05, (narrow, wide)
