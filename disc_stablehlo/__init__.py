@@ -1,7 +1,10 @@
-"""disc_stablehlo: a dynamic-shape compiler for StableHLO. Compile once, run at every shape."""
+"""disc_stablehlo: a dynamic-shape compiler for StableHLO. Compile once, run at every shape.
 
-from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
-from .compiler import CompiledFunction, compile
-from .errors import CompileError, DiscError, RuntimeFailure, ShapeError, UnsupportedOpError
+Importing the package, `load` and calling a loaded function need neither MLIR nor LLVM nor any
+framework: the compiler is imported when `compile` is first called."""
 
-__all__ = ["CompileError", "CompiledFunction", "DiscError", "RuntimeFailure", "ShapeError", "UnsupportedOpError", "compile"]
+from .compiler import compile
+from .errors import ArtifactError, CompileError, DiscError, RuntimeFailure, ShapeError, UnsupportedOpError
+from .runtime import CompiledFunction, load
+
+__all__ = ["ArtifactError", "CompileError", "CompiledFunction", "DiscError", "RuntimeFailure", "ShapeError", "UnsupportedOpError", "compile", "load"]

@@ -21,3 +21,8 @@ class ShapeError(DiscError):
 
 class RuntimeFailure(DiscError):
     """The runtime (RAL) reported an error while a compiled function ran."""
+
+
+class ArtifactError(DiscError):
+    """A file is not a loadable artifact: truncated, corrupted, of another format or RAL version,
+    or compiled for another target. The message says which; nothing of it was loaded."""

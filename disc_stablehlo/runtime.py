@@ -1,23 +1,26 @@
-"""The runtime loader: loads the RAL and compiled shared objects with ctypes, passes numpy
-buffers as memref descriptors, and wraps results. No MLIR is needed here, and no model math
-runs in Python: it checks arguments, passes pointers and wraps results."""
+"""The runtime: loads the RAL and artifacts with ctypes, passes numpy buffers as memref
+descriptors, and wraps results; `CompiledFunction` is what users call. Neither MLIR nor LLVM nor
+any framework is imported here, and no model math runs in Python: it checks arguments, passes
+pointers and wraps results."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import os
 import sysconfig
+import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .bounded_dynamism import Signature
-from .bounded_dynamism.guards import Assertion
-from .errors import DiscError, RuntimeFailure, ShapeError
+from . import artifact
+from .artifact import Artifact
+from .errors import ArtifactError, DiscError, RuntimeFailure, ShapeError
 
 RAL_LIBRARY = "libdisc_ral.so"
 
@@ -115,79 +118,93 @@ def default_runtime() -> Runtime:
         return _default_runtime
 
 
-@functools.cache
-def descriptor_type(rank: int) -> type[ctypes.Structure]:
-    """MLIR's memref descriptor for a rank: allocated and aligned pointers, offset, sizes, strides."""
-    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
-    if rank:
-        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
-
-
-def _results_type(ranks: Sequence[int]) -> type[ctypes.Structure]:
-    return type("Results", (ctypes.Structure,), {"_fields_": [(f"r{i}", descriptor_type(r)) for i, r in enumerate(ranks)]})
-
-
-class NativeFunction:
-    """One C-interface entry point of a compiled shared object."""
+class PackedFunction:
+    """One packed entry point of a compiled shared object (docs/artifact.md): `(void **args, void
+    *results)`, results as consecutive memref descriptors (3 + 2 * rank int64 words each)."""
 
     def __init__(self, lib: ctypes.CDLL, name: str, result_ranks: Sequence[int]):
-        self.fn = getattr(lib, f"_mlir_ciface_{name}")
-        self.fn.restype = None
-        self.results_type = _results_type(result_ranks)
+        self.fn = getattr(lib, name)
+        self.fn.restype, self.fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
+        self.ranks = list(result_ranks)
+        self.starts = np.cumsum([0] + [3 + 2 * r for r in self.ranks]).tolist()
 
-    def __call__(self, args: Sequence[Any]) -> ctypes.Structure:
-        """`args`: pointers to the arguments' descriptors (`descriptors`)."""
-        results = self.results_type()
-        self.fn(ctypes.byref(results), *args)
-        return results
+    def __call__(self, args: int) -> list[np.ndarray]:
+        """`args`: the address of the argument pointers (`descriptors`); each result's descriptor words."""
+        words = np.zeros(max(1, self.starts[-1]), np.int64)
+        self.fn(args, words.ctypes.data)
+        return [words[a:b] for a, b in zip(self.starts, self.starts[1:])]
 
 
-def descriptors(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, list[ctypes.c_void_p]]:
+def descriptors(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
     """The arrays' memref descriptors laid out in one int64 buffer (allocated and aligned
-    pointer, offset 0, sizes, strides in elements), and a pointer to each; the pointers are
-    valid while the buffer lives. (One numpy buffer: building ctypes structures per argument
-    costs several microseconds each.)"""
+    pointer, offset 0, sizes, strides in elements) followed by a pointer to each; returns the
+    buffer and the address of the pointers, valid while the buffer lives. (One numpy buffer:
+    building ctypes structures per argument costs several microseconds each.)"""
     words, starts = [], []
     for a in arrays:
         starts.append(len(words))
         address = a.__array_interface__["data"][0]
         words += [address, address, 0, *a.shape, *(s // a.itemsize for s in a.strides)]
-    buffer = np.array(words, dtype=np.int64)
-    base = buffer.__array_interface__["data"][0]
-    return buffer, [ctypes.c_void_p(base + 8 * i) for i in starts]
+    n = len(words)
+    buffer = np.array(words + [0] * len(starts), dtype=np.int64)
+    base = buffer.ctypes.data
+    buffer[n:] = [base + 8 * i for i in starts]
+    return buffer, base + 8 * n
 
 
-def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: ctypes.Structure, dtype: np.dtype, rank: int) -> np.ndarray:
-    shape = tuple(desc.sizes) if rank else ()
-    strides = tuple(s * dtype.itemsize for s in desc.strides) if rank else ()
+def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int) -> np.ndarray:
+    allocated, aligned, offset = (int(w) for w in desc[:3])
+    shape = tuple(int(n) for n in desc[3:3 + rank])
+    strides = tuple(int(s) * dtype.itemsize for s in desc[3 + rank:3 + 2 * rank])
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
-    address = desc.aligned + desc.offset * dtype.itemsize
+    address = aligned + offset * dtype.itemsize
     span = max(1, int(sum((n - 1) * abs(s) for n, s in zip(shape, strides))) + dtype.itemsize)
     raw = (ctypes.c_char * span).from_address(address)
     view = np.ndarray(shape, dtype, buffer=raw, strides=strides)
-    if view.flags.c_contiguous and ral().ral_context_take(ctx, desc.allocated):
+    if view.flags.c_contiguous and ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
         # the result buffer now belongs to the array: given back to the RAL when it dies
-        weakref.finalize(raw, ral().ral_buffer_free, rt.handle, ctypes.c_void_p(desc.allocated))
+        weakref.finalize(raw, ral().ral_buffer_free, rt.handle, ctypes.c_void_p(allocated))
         return view
-    return view.copy()  # an argument, a constant, or a result returned twice
+    return view.copy()  # an argument, a parameter, a constant, or a result returned twice
+
+
+_load_lock = threading.Lock()
+_loaded = 0
+
+
+def _load_shared_object(image: memoryview) -> ctypes.CDLL:
+    """dlopens a shared object held in memory: written to a file of a name no other load in this
+    process uses (the loader recognises libraries by name), loaded, and removed at once."""
+    global _loaded
+    with _load_lock:
+        _loaded += 1
+        n = _loaded
+    path = os.path.join(tempfile.gettempdir(), f"disc-{os.getpid()}-{n}-{os.urandom(6).hex()}.so")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(image)
+        return ctypes.CDLL(path)
+    except OSError as e:
+        raise ArtifactError(f"cannot load the artifact's shared object: {e}") from None
+    finally:
+        os.unlink(path)
 
 
 class Executable:
-    """A compiled shared object: the entry function, its optional guard, and how to call them."""
+    """A loaded artifact: the entry function, its optional guard, its parameters, and how to call them."""
 
-    def __init__(self, so_path: str, entry: str, signature: Signature, assertions: list[Assertion], runtime: Runtime,
-                 params: Sequence[np.ndarray] = ()):
-        self.lib = ctypes.CDLL(so_path)
-        self.params = list(params)  # the entry's trailing arguments, after the caller's
-        self.signature = signature
+    def __init__(self, art: Artifact, runtime: Runtime):
+        self.artifact = art
+        self.lib = _load_shared_object(art.section("object"))
+        self.signature = art.signature
         self.runtime = runtime
-        self.entry = NativeFunction(self.lib, entry, [len(r.shape) for r in signature.results])
-        self.assertions = assertions
-        self.guard = NativeFunction(self.lib, "disc_guard", [1]) if assertions else None
-
+        self.params = art.params()  # the entry's trailing arguments, after the caller's
+        self.entry = PackedFunction(self.lib, art.header["entry"], [len(r.shape) for r in self.signature.results])
+        self.assertions = art.assertions
+        self.guard = PackedFunction(self.lib, art.header["guard"], [1]) if art.header["guard"] else None
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         self.signature.check(arrays)
@@ -199,11 +216,10 @@ class Executable:
         try:
             _keep, args = descriptors(arrays)
             if self.guard is not None:
-                self._check_guard(ctx, self.guard(args).r0)
+                self._check_guard(ctx, self.guard(args)[0])
             results = self.entry(args)
             self._check_status(ctx)
-            return [_wrap(self.runtime, ctx, getattr(results, f"r{i}"), spec.dtype, len(spec.shape))
-                    for i, spec in enumerate(self.signature.results)]
+            return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
         finally:
             lib.ral_context_enter(previous)
             lib.ral_context_destroy(ctx)
@@ -212,11 +228,124 @@ class Executable:
         if ral().ral_context_status(ctx) != 0:
             raise RuntimeFailure(ral().ral_context_message(ctx).decode())
 
-    def _check_guard(self, ctx: ctypes.c_void_p, packed: ctypes.Structure) -> None:
+    def _check_guard(self, ctx: ctypes.c_void_p, packed: np.ndarray) -> None:
         self._check_status(ctx)
-        values = np.ctypeslib.as_array(ctypes.cast(packed.aligned, ctypes.POINTER(ctypes.c_int64)), (packed.sizes[0],))
+        values = np.ctypeslib.as_array(ctypes.cast(int(packed[1]) + 8 * int(packed[2]), ctypes.POINTER(ctypes.c_int64)), (int(packed[3]),))
         failed = int(values[0])
         if failed >= 0:
             start = 1 + sum(a.num_values for a in self.assertions[:failed])
             operands = [int(v) for v in values[start:start + self.assertions[failed].num_values]]
             raise ShapeError(self.assertions[failed].format(operands))
+
+
+@dataclasses.dataclass
+class Binding:
+    """How a caller's arguments map to the compiled inputs and the results back to the source
+    function's structure (JAX pytrees, TF nests). A loaded artifact keeps the argument mapping;
+    its results come as one array or a tuple."""
+    kept_args: tuple[int, ...] | None = None  # flat argument indices the module keeps (JAX drops unused ones)
+    num_flat_args: int | None = None
+    pytree: bool = False                      # arguments are JAX pytrees
+    pack_results: Callable[[list], Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kept_args": list(self.kept_args) if self.kept_args is not None else None, "num_flat_args": self.num_flat_args}
+
+
+class CompiledFunction:
+    """A function compiled once for every shape its signature admits.
+
+    Call it with numpy arrays (numpy out), JAX arrays (JAX out), torch tensors (torch out) or
+    tf.Tensors (tf.Tensor out); results follow the source function's structure (JAX pytrees, TF
+    nests) or come as one array / a tuple. `save(path)` writes its artifact; `disc.load(path)`
+    gives it back in any process, without the compiler."""
+
+    def __init__(self, executable: Executable, binding: Binding | None = None, compile_count: int = 1):
+        art = executable.artifact
+        self._exe = executable
+        self._binding = binding or Binding(**{k: tuple(v) if isinstance(v, list) else v for k, v in art.header["binding"].items()})
+        self.signature = executable.signature
+        self.kernels = art.kernels  # the loop nests (kind, ops inside) run on the RAL thread pool
+        self.compile_count = compile_count  # native code generations: 1, or 0 when loaded
+
+    @property
+    def llvm_ir(self) -> str:
+        """The LLVM IR the shared object was generated from."""
+        return self._exe.artifact.llvm_ir
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the artifact to one file (docs/artifact.md): shared object, parameters, metadata."""
+        src = self._exe.artifact.data
+        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(memoryview(src))
+        os.replace(tmp, path)
+
+    def __call__(self, *args: Any) -> Any:
+        b = self._binding
+        leaves, kind = _flatten(args, b.pytree)
+        if b.kept_args is not None:
+            if len(leaves) != b.num_flat_args:
+                raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
+            leaves = [leaves[i] for i in b.kept_args]
+        outs = self._exe.run([x.detach().cpu().numpy() if kind == "torch" else np.asarray(x) for x in leaves])
+        if kind == "jax":
+            import jax.numpy as jnp
+
+            outs = [jnp.asarray(o) for o in outs]
+        elif kind == "torch":
+            import torch
+
+            outs = [torch.from_numpy(o) for o in outs]  # shares the buffer, no copy
+        elif kind == "tensorflow":
+            import tensorflow as tf
+
+            outs = [tf.convert_to_tensor(o) for o in outs]
+        if b.pack_results is not None:
+            return b.pack_results(outs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @property
+    def symbolic_result_shapes(self) -> list[tuple[str, ...]]:
+        """Each result's dims as expressions over the dimension variables (e.g. ('b', '2*s'))."""
+        return [tuple(dims) for dims in self._exe.artifact.header["info"]["symbolic_result_shapes"]]
+
+    def shape_report(self) -> str:
+        """Dimension variables, symbolic shapes of arguments, results and intermediates, the
+        facts collected, and which broadcasts rely on which fact."""
+        return self._exe.artifact.header["info"]["shape_report"]
+
+    def memory_stats(self) -> dict[str, int]:
+        return self._exe.runtime.memory_stats()
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per kernel of this function: calls, how many ran on the thread pool ("pool"), behind
+        the row blocks of the GEMM whose epilogue it is ("fused") and inline ("inline": the
+        small-size version chosen from the real sizes), and total seconds; plus the library
+        GEMM entries (counted over the whole process). Kernels generated in versions
+        (`kernels[i].version`) count separately, so the counts say which version ran."""
+        out = {k.name: kernel_stats(symbol_address(self._exe.lib, k.name)) for k in self.kernels}
+        for name in self._exe.artifact.header["info"]["library_calls"]:
+            out[name] = kernel_stats(symbol_address(ral(), name))
+        return out
+
+
+def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
+    """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
+    if pytree:
+        import jax
+
+        leaves = jax.tree_util.tree_leaves(args)
+    else:
+        leaves = list(args)
+    modules = {type(x).__module__.split(".")[0] for x in leaves}
+    for kind, names in (("jax", ("jax", "jaxlib")), ("torch", ("torch",)), ("tensorflow", ("tensorflow",))):
+        if modules & set(names):
+            return leaves, kind
+    return leaves, "numpy"
+
+
+def load(path: str | os.PathLike) -> CompiledFunction:
+    """Loads an artifact written by `CompiledFunction.save` (or kept in the compile cache). A
+    truncated, corrupted, other-version or other-target file raises ArtifactError and is not loaded."""
+    return CompiledFunction(Executable(artifact.read(os.fspath(path)), default_runtime()), compile_count=0)

@@ -1,7 +1,8 @@
-"""Symbolic shapes of a compiled function: its signature (dims as ints or dimension variables)
-and the run-time guards generated from the shape constraints."""
+"""Symbolic shapes of a compiled function: its signature (dims as ints or dimension variables),
+the shape analysis and constraints (`analysis`, `constraints`, `symbolic`) and the run-time guards
+generated from them (`guards`). Only the signature is imported here: the run-time side needs it
+without MLIR."""
 
-from .guards import extract_guard
-from .signature import ArgSpec, Signature, signature_from_function
+from .signature import ArgSpec, Assertion, Signature
 
-__all__ = ["ArgSpec", "Signature", "extract_guard", "signature_from_function"]
+__all__ = ["ArgSpec", "Assertion", "Signature"]

@@ -18,6 +18,7 @@ import functools
 import itertools
 from typing import Callable
 
+from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
 from ..mlir_support import create_value, index_constant, int_list, location_text, operation, tag_facts

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
 from ..errors import CompileError

@@ -6,23 +6,13 @@ operands. The entry function keeps no assertion, so no kernel ever runs on rejec
 
 from __future__ import annotations
 
-import dataclasses
-import re
-
+from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
 from ..mlir_support import function_type, walk
+from .signature import Assertion
 
 GUARD_FUNCTION = "disc_guard"
-
-
-@dataclasses.dataclass(frozen=True)
-class Assertion:
-    message: str
-    num_values: int
-
-    def format(self, values: list[int]) -> str:
-        return re.sub(r"\{(\d+)\}", lambda m: str(values[int(m.group(1))]) if int(m.group(1)) < len(values) else m.group(0), self.message)
 
 
 def _is_shape_assertion(op: ir.Operation) -> bool:

@@ -1,17 +1,21 @@
 """The signature of a compiled function: per argument and result a shape whose dims are ints or
-dimension-variable names, and a dtype. Arguments are checked against it before any kernel runs."""
+dimension-variable names, and a dtype, and the messages of its run-time guard. Arguments are
+checked against it before any kernel runs. The run-time side reads this module: MLIR is only
+imported by the functions that read a signature off a module."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import re
+from typing import TYPE_CHECKING, Sequence
 
 import ml_dtypes
 import numpy as np
-from torch_mlir import ir
 
 from ..errors import CompileError, ShapeError
-from ..mlir_support import function_type
+
+if TYPE_CHECKING:
+    from torch_mlir import ir
 
 # MLIR element type -> numpy dtype. One table, used both ways.
 ELEMENT_TYPES: dict[str, np.dtype] = {
@@ -73,6 +77,21 @@ class Signature:
                     seen.setdefault(want, (got, where))
 
 
+@dataclasses.dataclass(frozen=True)
+class Assertion:
+    """A run-time shape check of the guard function: its message, with `{k}` for its k-th value."""
+    message: str
+    num_values: int
+
+    def format(self, values: list[int]) -> str:
+        return re.sub(r"\{(\d+)\}", lambda m: str(values[int(m.group(1))]) if int(m.group(1)) < len(values) else m.group(0), self.message)
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The element type's name in the IR (and in artifacts): `f32`, `complex<f64>`."""
+    return next(k for k, v in ELEMENT_TYPES.items() if v == dtype)
+
+
 def element_dtype(t: ir.Type, what: str) -> np.dtype:
     text = str(t)
     if text not in ELEMENT_TYPES:
@@ -81,6 +100,8 @@ def element_dtype(t: ir.Type, what: str) -> np.dtype:
 
 
 def spec_from_type(name: str, t: ir.Type, dims: Sequence[Dim] | None = None) -> ArgSpec:
+    from torch_mlir import ir
+
     if not isinstance(t, ir.RankedTensorType):
         raise CompileError(f"{name}: expected a ranked tensor, got {t}")
     rt = ir.RankedTensorType(t)
@@ -94,6 +115,8 @@ def signature_from_function(func: ir.Operation, arg_dims: Sequence[Sequence[Dim]
     """Reads the signature of `func`; dims the frontend named (JAX's symbolic dims) override the
     per-argument placeholders that unknown `?` dims otherwise get. The last `num_params` arguments
     are parameters (weights the compiled function carries), not the caller's."""
+    from ..mlir_support import function_type
+
     ftype = function_type(func)
     inputs = list(ftype.inputs)[:len(ftype.inputs) - num_params]
     names = list(arg_names) if arg_names else [f"arg{i}" for i in range(len(inputs))]

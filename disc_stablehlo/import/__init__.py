@@ -9,11 +9,13 @@ import dataclasses
 from typing import Any, Callable
 
 import numpy as np
-from torch_mlir import ir
 
-from ..bounded_dynamism import Signature, signature_from_function
+from ..mlir_support import new_context  # first: loads torch-mlir's native modules (see _load_mlir)
+from torch_mlir import ir  # noqa: E402
+
+from ..bounded_dynamism.signature import Signature, signature_from_function
 from ..errors import CompileError
-from ..mlir_support import new_context
+from ..runtime import Binding
 
 
 @dataclasses.dataclass
@@ -21,11 +23,7 @@ class Imported:
     module: ir.Module
     entry: str
     signature: Signature
-    # how call arguments map to module arguments: flat leaf indices the module keeps
-    kept_args: tuple[int, ...] | None = None
-    num_flat_args: int | None = None
-    in_tree: Any = None   # pytree structure of the arguments (JAX)
-    pack_results: Callable[[list], Any] | None = None  # flat results -> the source function's structure
+    binding: Binding = dataclasses.field(default_factory=Binding)  # the caller's arguments and results
     facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
     checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
     params: tuple[np.ndarray, ...] = ()  # data of the entry's arguments after the signature's (weights)

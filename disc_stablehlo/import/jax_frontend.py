@@ -8,7 +8,8 @@ from typing import Any
 
 from torch_mlir import ir
 
-from ..bounded_dynamism import signature_from_function
+from ..bounded_dynamism.signature import signature_from_function
+from ..runtime import Binding
 from . import Imported, find_entry, parse_stablehlo, register_frontend
 
 
@@ -38,9 +39,8 @@ def _from_jax(fn: Any, *specs: Any) -> Imported:
     with module.context:
         entry = find_entry(module)
         sig = signature_from_function(entry, dims, [names[i] for i in kept])
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, kept,
-                        len(exported.in_avals), exported.in_tree, functools.partial(jax.tree_util.tree_unflatten, exported.out_tree),
-                        _explicit_constraints(exported))
+        binding = Binding(kept, len(exported.in_avals), True, functools.partial(jax.tree_util.tree_unflatten, exported.out_tree))
+        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, binding, _explicit_constraints(exported))
 
 
 def _explicit_constraints(exported: Any) -> tuple[str, ...]:

@@ -16,10 +16,11 @@ from typing import Any
 
 from torch_mlir import ir
 
-from ..bounded_dynamism import signature_from_function
+from ..bounded_dynamism.signature import signature_from_function
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, new_context, walk
 from ..passes.lower import LoweringState, Text
+from ..runtime import Binding
 from . import Imported, find_entry, register_frontend
 
 
@@ -66,7 +67,7 @@ def _from_tf(fn: Any, *specs: Any) -> Imported:
         sig = signature_from_function(entry, None, names)
         structure = concrete.structured_outputs
         return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig,
-                        pack_results=lambda outs: tf.nest.pack_sequence_as(structure, outs))
+                        Binding(pack_results=lambda outs: tf.nest.pack_sequence_as(structure, outs)))
 
 
 def _convert_leftovers(module: ir.Module) -> None:

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 from torch_mlir import ir
 
-from ..bounded_dynamism import signature_from_function
+from ..bounded_dynamism.signature import signature_from_function
 from ..errors import CompileError
 from ..mlir_support import function_type
 from ..passes.parameters import PARAM_MIN_BYTES, add_parameter

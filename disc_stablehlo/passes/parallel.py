@@ -13,6 +13,7 @@ import dataclasses
 
 from torch_mlir import ir
 
+from ..artifact import Kernel
 from ..mlir_support import defined_outside, facts_relied_on, is_inside, nested_in, new_private_function, operation, walk
 from .epilogues import gemm_callee, gemm_of
 from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, loop_bounds
@@ -177,26 +178,6 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
 
 # bookkeeping inside a kernel that says nothing about what it computes
 _PLUMBING = ("memref.", "scf.", "arith.constant", "arith.index_cast", "llvm.", "builtin.", "affine.")
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    name: str
-    kind: str              # fused loops: "stitch fusion" (a reduction and its consumers), "input fusion"
-                           # (a reduction and its producers), "loop fusion"; one loop: "elementwise",
-                           # "reduction" (inner loops), "copy" (moves data: transposes, broadcasts),
-                           # "fill" (stores a value, computes nothing)
-    parallel_dims: int     # the first one is split over the RAL thread pool
-    ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
-    version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
-    relies_on: tuple[str, ...] = ()  # shape facts its code or its bounds rely on (`mod(s, 16) == 0`, `t == s`)
-    epilogue_of: str = ""  # the library GEMM it runs behind, row block by row block (`disc_ral_gemm_f32`)
-
-    def __str__(self) -> str:
-        version = f" ({self.version} version)" if self.version else ""
-        behind = f" behind {self.epilogue_of}" if self.epilogue_of else ""
-        facts = f"; relies on {', '.join(self.relies_on)}" if self.relies_on else ""
-        return f"{self.name}: {self.kind}{version}{behind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
 
 
 def _host_facts(values: list[ir.Value]) -> list[str]:

@@ -10,11 +10,13 @@ import numpy as np
 from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
-from ..bounded_dynamism import Signature, extract_guard
+from ..artifact import ENTRY, GUARD
+from ..bounded_dynamism import Signature
 from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
 from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, bounds_constraints, constraint_function,
                                             load_from_ir, record_fact, save_to_ir)
-from ..bounded_dynamism.guards import GUARD_FUNCTION, Assertion
+from ..bounded_dynamism.guards import GUARD_FUNCTION, extract_guard
+from ..bounded_dynamism.signature import Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
@@ -155,8 +157,24 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         verify(module, "translation to LLVM IR")
-        return LoweredModule(str(llvm_dialect.translate_module_to_llvmir(module.operation)), entry_name, assertions, shapes, kernels,
-                             params)
+        llvm_ir = str(llvm_dialect.translate_module_to_llvmir(module.operation))
+        # the packed entry points artifacts are called through (docs/artifact.md)
+        num_args = len(signature.args) + len(params)
+        llvm_ir += _packed_entry(ENTRY, entry_name, num_args, len(signature.results))
+        if assertions:
+            llvm_ir += _packed_entry(GUARD, GUARD_FUNCTION, num_args, 1)
+        return LoweredModule(llvm_ir, entry_name, assertions, shapes, kernels, params)
+
+
+def _packed_entry(name: str, function: str, num_args: int, num_results: int) -> str:
+    """LLVM IR of `void name(ptr args, ptr results)`, which calls the C interface of `function`
+    with `args[0..num_args)` (pointers to memref descriptors) after the results' pointer."""
+    lines = [f"define void @{name}(ptr %args, ptr %results) {{"]
+    for i in range(num_args):
+        lines += [f"  %p{i} = getelementptr inbounds ptr, ptr %args, i64 {i}", f"  %a{i} = load ptr, ptr %p{i}"]
+    operands = (["ptr %results"] if num_results else []) + [f"ptr %a{i}" for i in range(num_args)]
+    lines += [f"  call void @_mlir_ciface_{function}({', '.join(operands)})", "  ret void", "}"]
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation:

@@ -1,0 +1,237 @@
+"""One-file artifacts (format: docs/artifact.md): written by the compiler, read by the runtime.
+
+A `.disc` file holds the host shared object with its kernels, the parameters (64-byte aligned,
+memory-mapped read-only at load) and a JSON header: the signature with its dimension variables,
+the guard's messages, the target, versions and what the compiler reports (kernels, shape facts).
+A SHA-256 over everything after the fixed prefix guards against truncated or corrupted files.
+Reading needs neither MLIR nor LLVM nor any framework."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import mmap
+import os
+import platform
+import struct
+import zlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, BinaryIO, Sequence
+
+import numpy as np
+
+from .bounded_dynamism.signature import ELEMENT_TYPES, ArgSpec, Assertion, Signature, dtype_name
+from .errors import ArtifactError
+
+MAGIC = b"DISCSHLO"
+FORMAT_VERSION = 1
+RAL_ABI_VERSION = 1  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
+PREFIX = 64          # magic, versions, header size, file size, checksum
+ALIGN = 64
+_PREFIX = struct.Struct("<8sIIQQ32s")
+ENTRY, GUARD = "disc_call_entry", "disc_call_guard"  # the packed entry points (docs/artifact.md)
+
+
+@functools.cache
+def package_version() -> str:
+    try:
+        return version("disc_stablehlo")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A loop nest the compiler generated (`CompiledFunction.kernels`)."""
+    name: str
+    kind: str              # fused loops: "stitch fusion" (a reduction and its consumers), "input fusion"
+                           # (a reduction and its producers), "loop fusion"; one loop: "elementwise",
+                           # "reduction" (inner loops), "copy" (moves data: transposes, broadcasts),
+                           # "fill" (stores a value, computes nothing)
+    parallel_dims: int     # the first one is split over the RAL thread pool
+    ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
+    version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
+    relies_on: tuple[str, ...] = ()  # shape facts its code or its bounds rely on (`mod(s, 16) == 0`, `t == s`)
+    epilogue_of: str = ""  # the library GEMM it runs behind, row block by row block (`disc_ral_gemm_f32`)
+
+    def __str__(self) -> str:
+        version = f" ({self.version} version)" if self.version else ""
+        behind = f" behind {self.epilogue_of}" if self.epilogue_of else ""
+        facts = f"; relies on {', '.join(self.relies_on)}" if self.relies_on else ""
+        return f"{self.name}: {self.kind}{version}{behind}, {self.parallel_dims} parallel dims, ops {', '.join(self.ops)}{facts}"
+
+
+@functools.cache
+def host_cpu_flags() -> frozenset[str]:
+    """The flags /proc/cpuinfo lists for this machine's processor."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_flags_needed(features: str) -> list[str]:
+    """The /proc/cpuinfo flags among LLVM's enabled `features` (`+avx2,+sse4.2,-sse4a`)."""
+    enabled = {f[1:].replace(".", "_") for f in features.split(",") if f.startswith("+")}
+    return sorted(enabled & host_cpu_flags())
+
+
+def _spec_json(spec: ArgSpec) -> dict:
+    return {"name": spec.name, "dtype": dtype_name(spec.dtype), "shape": list(spec.shape)}
+
+
+def _spec(d: dict) -> ArgSpec:
+    return ArgSpec(d["name"], tuple(d["shape"]), ELEMENT_TYPES[d["dtype"]])
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclasses.dataclass
+class Contents:
+    """What an artifact holds, as the compiler hands it over."""
+    signature: Signature
+    assertions: list[Assertion]
+    target: dict[str, Any]      # name, triple, cpu, cpu_flags
+    shared_object: bytes
+    llvm_ir: str
+    params: Sequence[np.ndarray]
+    info: dict[str, Any]        # kernels, shape report, ... (for inspection)
+    binding: dict[str, Any] = dataclasses.field(default_factory=dict)  # how a caller's flat arguments map to the inputs
+
+
+def write(path: str, c: Contents) -> None:
+    """Writes the artifact beside `path` and renames it into place: a concurrent reader sees all of
+    it or nothing."""
+    llvm_ir = zlib.compress(c.llvm_ir.encode(), 1)
+    params = [np.ascontiguousarray(p) for p in c.params]
+    header: dict[str, Any] = {
+        "package_version": package_version(), "target": c.target, "entry": ENTRY, "guard": GUARD if c.assertions else None,
+        "inputs": [_spec_json(a) for a in c.signature.args], "outputs": [_spec_json(r) for r in c.signature.results],
+        "assertions": [{"message": a.message, "num_values": a.num_values} for a in c.assertions],
+        "binding": c.binding, "info": c.info,
+    }
+    size = 0
+    for _ in range(8):  # the offsets depend on the header's length and the length on the offsets: a fixpoint
+        offset = PREFIX + _align(size)
+        sections = {}
+        for name, blob in (("object", c.shared_object), ("llvm_ir", llvm_ir)):
+            sections[name] = [offset, len(blob)]
+            offset = _align(offset + len(blob))
+        header["sections"] = sections
+        header["params"] = []
+        for p in params:
+            header["params"].append({"dtype": dtype_name(p.dtype), "shape": list(p.shape), "offset": offset, "nbytes": p.nbytes})
+            offset = _align(offset + p.nbytes)
+        text = json.dumps(header, separators=(",", ":")).encode()
+        if len(text) <= _align(size):
+            break
+        size = len(text)
+    end = offset
+    tmp = f"{path}.{os.getpid()}.tmp"
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * PREFIX)
+        _put(f, digest, text, PREFIX)
+        for blob, (at, _) in zip((c.shared_object, llvm_ir), sections.values()):
+            _put(f, digest, blob, at)
+        for p, entry in zip(params, header["params"]):
+            _put(f, digest, p.reshape(-1).view(np.uint8), entry["offset"])
+        _pad(f, digest, end)
+        f.seek(0)
+        f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, RAL_ABI_VERSION, len(text), end, digest.digest()))
+    os.replace(tmp, path)
+
+
+def _pad(f: BinaryIO, digest: Any, at: int) -> None:
+    gap = b"\0" * (at - f.tell())
+    f.write(gap)
+    digest.update(gap)
+
+
+def _put(f: BinaryIO, digest: Any, data: Any, at: int) -> None:
+    _pad(f, digest, at)
+    f.write(data)
+    digest.update(data)
+
+
+@dataclasses.dataclass
+class Artifact:
+    """A verified artifact, mapped read-only."""
+    path: str
+    header: dict[str, Any]
+    data: mmap.mmap
+
+    def section(self, name: str) -> memoryview:
+        offset, size = self.header["sections"][name]
+        return memoryview(self.data)[offset:offset + size]
+
+    def params(self) -> list[np.ndarray]:
+        """The parameters as read-only arrays over the mapped file (no copy)."""
+        return [np.frombuffer(self.data, ELEMENT_TYPES[p["dtype"]], int(np.prod(p["shape"], dtype=np.int64)), p["offset"])
+                .reshape(p["shape"]) for p in self.header["params"]]
+
+    @property
+    def signature(self) -> Signature:
+        return Signature(tuple(_spec(a) for a in self.header["inputs"]), tuple(_spec(r) for r in self.header["outputs"]))
+
+    @property
+    def assertions(self) -> list[Assertion]:
+        return [Assertion(a["message"], a["num_values"]) for a in self.header["assertions"]]
+
+    @property
+    def llvm_ir(self) -> str:
+        return zlib.decompress(self.section("llvm_ir")).decode()
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [Kernel(**{k: tuple(v) if isinstance(v, list) else v for k, v in kd.items()}) for kd in self.header["info"]["kernels"]]
+
+
+def read(path: str) -> Artifact:
+    """Maps and verifies an artifact; ArtifactError says what is wrong with a file that is not one."""
+    def bad(why: str) -> ArtifactError:
+        return ArtifactError(f"{path}: {why}")
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < PREFIX:
+                raise bad(f"not a disc_stablehlo artifact (truncated: {size} bytes)")
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise bad(f"cannot read the artifact: {e.strerror}") from None
+    magic, fmt, abi, header_size, file_size, checksum = _PREFIX.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise bad("not a disc_stablehlo artifact (wrong magic number)")
+    if fmt != FORMAT_VERSION:
+        raise bad(f"artifact format version {fmt}, this runtime reads version {FORMAT_VERSION}: compile the model again")
+    if file_size != size:
+        raise bad(f"truncated or extended: the artifact says {file_size} bytes, the file has {size}")
+    if hashlib.sha256(memoryview(data)[PREFIX:]).digest() != checksum:
+        raise bad("corrupted: the checksum does not match the contents")
+    if abi != RAL_ABI_VERSION:
+        raise bad(f"linked against RAL ABI version {abi}, this runtime has version {RAL_ABI_VERSION}: compile the model again")
+    try:
+        header = json.loads(bytes(data[PREFIX:PREFIX + header_size]))
+    except ValueError as e:
+        raise bad(f"unreadable header: {e}") from None
+    _check_target(header.get("target", {}), bad)
+    return Artifact(path, header, data)
+
+
+def _check_target(target: dict, bad: Any) -> None:
+    if target.get("name") != "x86":
+        raise bad(f"compiled for target '{target.get('name')}', this runtime runs x86 code")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise bad(f"compiled for {target.get('triple')}, this machine is {platform.machine()}")
+    missing = sorted(set(target.get("cpu_flags", ())) - host_cpu_flags())
+    if missing:
+        raise bad(f"compiled for a {target.get('cpu')} processor with {', '.join(missing)}, which this processor lacks")

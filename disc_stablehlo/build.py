@@ -1,0 +1,100 @@
+"""Compiling an imported module into an artifact: pipeline -> LLVM IR -> objects -> shared
+object -> `.disc` file. MLIR and LLVM are loaded here, never on the run-time side."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import sys
+import tempfile
+from importlib.metadata import version
+from typing import Any, Sequence
+
+from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
+from . import artifact
+from .passes.pipeline import compile_to_llvm
+from .runtime import RAL_LIBRARY, ral_library_dir
+from .targets import Target
+from .targets.codegen import start_helper
+from .targets.x86 import emit_objects, link_shared_object
+
+
+def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str) -> None:
+    """Compiles the imported module and writes its artifact to `path`."""
+    if _op_count(imported.module) >= HELPER_MIN_OPS:
+        start_helper()  # code generation's helper process starts up while the MLIR passes run
+    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
+                              tuple(constraints), buffer_reuse, imported.params)
+    shapes = lowered.shapes
+    if "shapes" in os.environ.get("DISC_LOG", "").split(","):
+        print(shapes.report(), file=sys.stderr)
+    objects, libmvec = emit_objects(lowered.llvm_ir, tgt, [k.name for k in lowered.kernels])
+    with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
+        so_path = os.path.join(tmp, "compiled.so")
+        link_shared_object(objects, so_path, ral_library_dir(), libmvec)
+        with open(so_path, "rb") as f:
+            shared_object = f.read()
+    info = {
+        "kernels": [dataclasses.asdict(k) for k in lowered.kernels],
+        "shape_report": shapes.report(),
+        "symbolic_result_shapes": [[str(shapes.facts.canon(d)) for d in dims] for dims in shapes.results],
+        "library_calls": [name for name in LIBRARY_ENTRIES if f"@{name}" in lowered.llvm_ir],
+        "constraints": list(constraints),
+    }
+    target = {"name": tgt.name, "triple": tgt.triple, "cpu": tgt.cpu, "cpu_flags": artifact.cpu_flags_needed(tgt.features)}
+    artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
+                                           lowered.params, info, imported.binding.to_json()))
+
+
+# the RAL's library entries whose calls `CompiledFunction.stats` counts (the plain entry or the one with an epilogue)
+LIBRARY_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
+
+
+# modules with fewer ops (in their functions' bodies, not counting nested regions) rarely have
+# two kernels worth compiling apart: they leave the helper process unstarted
+HELPER_MIN_OPS = 64
+
+
+def _op_count(module: Any) -> int:
+    return sum(len(f.regions[0].blocks[0].operations) for f in module.body.operations
+               if len(f.regions) and len(f.regions[0].blocks))
+
+
+def cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse: bool) -> str:
+    h = hashlib.sha256()
+    # without locations: JAX's record the caller's whole stack, so the same function compiled
+    # from another call site (a later process, another test) would miss its entry
+    for part in (imported.module.operation.get_asm(enable_debug_info=False), imported.entry, repr(imported.signature),
+                 repr(imported.facts), repr(imported.checked), repr(tuple(constraints)), repr(buffer_reuse),
+                 repr(tgt), version("disc_stablehlo")):
+        h.update(part.encode())
+        h.update(b"\0")
+    for p in imported.params:  # weights the frontend keeps out of the module (torch's)
+        h.update(p.reshape(-1).view("u1"))
+    h.update(_ral_digest())
+    h.update(_compiler_digest())
+    return h.hexdigest()[:32]
+
+
+@functools.cache
+def _compiler_digest() -> bytes:
+    """The compiler's own sources (read once per process): a changed pass never reuses objects
+    an older build compiled, version number or not."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    return _digest(sorted(os.path.join(folder, f) for folder, _, files in os.walk(root) for f in files if f.endswith(".py")))
+
+
+@functools.cache
+def _ral_digest() -> bytes:
+    """The RAL build a cached object was linked against (read once per process)."""
+    return _digest([os.path.join(ral_library_dir(), RAL_LIBRARY)])
+
+
+def _digest(paths: list[str]) -> bytes:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read())
+    return h.digest()

@@ -1,0 +1,144 @@
+"""One-file artifacts: save and load round trips, a run-time side without the compiler, and
+files that are not loadable artifacts."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+import disc_stablehlo as disc
+from disc_stablehlo import artifact
+
+W = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+
+
+def _model(x, y):
+    return jax.nn.softmax(jnp.tanh(x @ W) * 2.0, axis=-1) + y.sum(axis=0)
+
+
+def _compiled():
+    b, s = export.symbolic_shape("b, s", constraints=["s >= 2"])
+    return disc.compile(_model, jax.ShapeDtypeStruct((b, 64), jnp.float32), jax.ShapeDtypeStruct((s, 32), jnp.float32))
+
+
+def _inputs(b: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(b * 100 + s)
+    return rng.standard_normal((b, 64)).astype(np.float32), rng.standard_normal((s, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    f = _compiled()
+    path = tmp_path_factory.mktemp("artifact") / "model.disc"
+    f.save(path)
+    return f, path
+
+
+def test_a_loaded_artifact_behaves_as_the_compiled_function(saved):
+    f, path = saved
+    g = disc.load(path)
+    assert g.compile_count == 0 and f.compile_count == 1
+    for b, s in [(1, 2), (5, 3), (17, 9)]:
+        x, y = _inputs(b, s)
+        np.testing.assert_allclose(g(x, y), np.asarray(jax.jit(_model)(x, y)), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(g(x, y), f(x, y))
+    assert [str(k) for k in g.kernels] == [str(k) for k in f.kernels]
+    assert g.shape_report() == f.shape_report() and g.llvm_ir == f.llvm_ir
+    assert g.signature == f.signature and g.symbolic_result_shapes == f.symbolic_result_shapes
+    with pytest.raises(disc.ShapeError, match="s"):
+        g(*_inputs(3, 1))
+
+
+def test_the_weights_are_stored_once_in_the_parameter_section(saved):
+    _, path = saved
+    art = artifact.read(str(path))
+    [param] = art.params()
+    np.testing.assert_array_equal(param, W)
+    assert art.header["params"][0]["offset"] % 64 == 0 and not param.flags.writeable
+    assert open(path, "rb").read().count(W.tobytes()) == 1
+
+
+BLOCKER = """
+import sys
+BLOCKED = {"torch_mlir", "llvmlite", "jax", "jaxlib", "torch", "tensorflow"}
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"the run-time side imported {name}")
+sys.meta_path.insert(0, Blocker())
+import numpy as np
+import disc_stablehlo as disc
+f = disc.load(sys.argv[1])
+data = np.load(sys.argv[2])
+out = f(data["x"], data["y"])
+np.testing.assert_allclose(out, data["expected"], rtol=1e-5, atol=1e-6)
+assert not BLOCKED & {m.split(".")[0] for m in sys.modules}
+print("ok")
+"""
+
+
+def test_loading_and_calling_import_no_compiler_and_no_framework(saved, tmp_path):
+    f, path = saved
+    x, y = _inputs(4, 6)
+    np.savez(tmp_path / "data.npz", x=x, y=y, expected=f(x, y))
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, str(path), str(tmp_path / "data.npz")], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def _rewrite_header(data: bytes, edit) -> bytes:
+    """The file with its header edited (same length) and the checksum recomputed."""
+    import hashlib
+
+    size = struct.unpack_from("<Q", data, 16)[0]
+    text = edit(data[64:64 + size].decode()).encode()
+    assert len(text) == size
+    body = text + data[64 + size:]
+    return data[:32] + hashlib.sha256(body).digest() + body
+
+
+def _unknown_cpu_flag(header: str) -> str:
+    flag = json.loads(header)["target"]["cpu_flags"][0]
+    return header.replace(f'"{flag}"', '"' + "z" * len(flag) + '"', 1)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d[:len(d) // 2], "truncated"),
+    (lambda d: d + b"\0" * 64, "truncated or extended"),
+    (lambda d: d[:len(d) - 100] + bytes([d[-100] ^ 1]) + d[len(d) - 99:], "corrupted"),
+    (lambda d: b"NOTADISC" + d[8:], "not a disc_stablehlo artifact"),
+    (lambda d: d[:8] + struct.pack("<I", 99) + d[12:], "format version 99"),
+    (lambda d: d[:12] + struct.pack("<I", 7) + d[16:], "RAL ABI version 7"),
+    (lambda d: b"", "truncated"),
+    (lambda d: _rewrite_header(d, lambda h: h.replace('"name":"x86"', '"name":"gpu"')), "target 'gpu'"),
+    (lambda d: _rewrite_header(d, _unknown_cpu_flag), "which this processor lacks"),
+])
+def test_damaged_files_are_rejected_and_never_loaded(saved, tmp_path, damage, message):
+    _, path = saved
+    bad = tmp_path / "bad.disc"
+    bad.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(disc.ArtifactError, match=message):
+        disc.load(bad)
+
+
+def test_a_missing_file_is_an_artifact_error(tmp_path):
+    with pytest.raises(disc.ArtifactError, match="cannot read"):
+        disc.load(tmp_path / "nothing.disc")
+
+
+def test_the_cache_keeps_artifacts_not_pickles(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    first, second = _compiled(), _compiled()
+    assert (first.compile_count, second.compile_count) == (1, 0)
+    entries = os.listdir(tmp_path)
+    assert len(entries) == 1 and entries[0].endswith(".disc"), entries
+    x, y = _inputs(3, 4)
+    np.testing.assert_array_equal(disc.load(tmp_path / entries[0])(x, y), first(x, y))
