@@ -21,8 +21,10 @@ from .targets.codegen import start_helper
 from .targets.x86 import emit_objects, link_shared_object
 
 
-def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str) -> None:
-    """Compiles the imported module and writes its artifact to `path`."""
+def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str,
+                   binding: dict[str, Any]) -> None:
+    """Compiles the imported module and writes its artifact to `path` (`binding`: how the caller's
+    flat arguments map to the inputs, kept for `disc.load`)."""
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
@@ -30,6 +32,7 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     shapes = lowered.shapes
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(shapes.report(), file=sys.stderr)
+    mlir_support.stage_listener("LLVM code generation")
     objects, libmvec = emit_objects(lowered.llvm_ir, tgt, [k.name for k in lowered.kernels])
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
@@ -45,7 +48,7 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     }
     target = {"name": tgt.name, "triple": tgt.triple, "cpu": tgt.cpu, "cpu_flags": artifact.cpu_flags_needed(tgt.features)}
     artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
-                                           lowered.params, info, imported.binding.to_json()))
+                                           lowered.params, info, binding))
 
 
 # the RAL's library entries whose calls `CompiledFunction.stats` counts (the plain entry or the one with an epilogue)

@@ -1,4 +1,5 @@
-"""`compile`: frontend -> pipeline -> target -> artifact, loaded as the callable a user gets."""
+"""`compile`: the frontend exports here, the compiler worker builds the artifact, and it is loaded
+here as the callable a user gets."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import os
 import tempfile
 from typing import Any, Sequence
 
-from . import artifact
-from .errors import ArtifactError
-from .runtime import CompiledFunction, Executable, default_runtime
+from . import artifact, worker
+from .runtime import Binding, CompiledFunction, Executable, default_runtime
 
 
 def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shapes: Any = None, target: str = "x86",
@@ -26,36 +26,22 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
     buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
+    if worker.enabled():
+        worker.worker()  # starts up (MLIR, LLVM) while the frontend exports
     frontends = importlib.import_module(f"{__package__}.import")
-    imported = frontends.load(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
-    return compile_imported(imported, constraints, target, buffer_reuse)
+    source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
+    return compile_source(source, binding, constraints, target, buffer_reuse)
 
 
-def compile_imported(imported: Any, constraints: Sequence[str] = (), target: str = "x86", buffer_reuse: bool = True) -> CompiledFunction:
-    """The stages after the frontend (for frontends called from elsewhere, e.g. the dynamo backend).
+def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str = "x86",
+                   buffer_reuse: bool = True) -> CompiledFunction:
+    """The stages after the frontend's export (for frontends called from elsewhere, e.g. the
+    dynamo backend): compiled by the worker, loaded here.
 
     With `DISC_CACHE_DIR` set, artifacts are kept there, keyed by the imported module, the
     constraints and options, the target, the package version and sources and the RAL build: a
     later process loads the artifact instead of generating code (its `compile_count` is 0)."""
-    from .build import build_artifact, cache_key
-    from .targets import get_target
-
-    tgt = get_target(target)
-    cache = os.environ.get("DISC_CACHE_DIR")
-    if cache:
-        os.makedirs(cache, exist_ok=True)
-        path = os.path.join(cache, cache_key(imported, constraints, tgt, buffer_reuse) + ".disc")
-        if os.path.exists(path):
-            try:
-                return CompiledFunction(Executable(artifact.read(path), default_runtime()), imported.binding, compile_count=0)
-            except ArtifactError:
-                pass  # a damaged entry is compiled again and replaced
-        build_artifact(imported, constraints, tgt, buffer_reuse, path)
-        return CompiledFunction(Executable(artifact.read(path), default_runtime()), imported.binding)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        path = os.path.join(tmp, "compiled.disc")
-        build_artifact(imported, constraints, tgt, buffer_reuse, path)
-        art = artifact.read(path)  # mapped: the mapping outlives the file
-    return CompiledFunction(Executable(art, default_runtime()), imported.binding)
-
-
+        reply = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse, os.path.join(tmp, "compiled.disc"))
+        art = artifact.read(reply["path"])  # mapped: the mapping outlives a temporary file
+    return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if reply["cached"] else 1)

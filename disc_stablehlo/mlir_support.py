@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 import sys
 
@@ -105,6 +105,14 @@ def verify(module: ir.Module, stage: str) -> None:
         raise CompileError(f"invalid IR before {stage} (a compiler bug):\n{e}") from None
 
 
+def _no_listener(stage: str) -> None:
+    pass
+
+
+# told the name of each stage before it runs (the compiler worker reports it to its caller)
+stage_listener: Callable[[str], None] = _no_listener
+
+
 def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
     """Runs a pass pipeline; on failure raises CompileError with the diagnostics and, when
     DISC_SAVE_TEMPS=dir is set, a reproducer file and the command that replays it.
@@ -112,6 +120,7 @@ def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
     The module is verified before the pipeline (it may come from our own rewrites); upstream
     passes are trusted to keep valid IR valid, so the verifier runs after each of them only when
     DISC_SAVE_TEMPS is set (it took half of the pass pipelines' time)."""
+    stage_listener(stage)
     debugging = bool(os.environ.get("DISC_SAVE_TEMPS"))
     saved = module.operation.get_asm(enable_debug_info=True) if debugging else None
     verify(module, stage)

@@ -55,6 +55,6 @@ def _mlp_compile_seconds(width: int) -> float:
 
 def test_a_16x_wider_model_compiles_about_as_fast():
     _mlp_compile_seconds(32)  # warms torch.export and the compiler up
-    narrow = min(_mlp_compile_seconds(64) for _ in range(2))
-    wide = min(_mlp_compile_seconds(1024) for _ in range(2))  # 256x the weights of the middle layer
-    assert wide <= 1.3 * narrow + 0.05, (narrow, wide)
+    pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(3)]  # interleaved: same machine load
+    narrow, wide = min(p[0] for p in pairs), min(p[1] for p in pairs)  # wide: 256x the weights of the middle layer
+    assert wide <= 1.3 * narrow, pairs

@@ -108,6 +108,7 @@ def test_a_broadcast_with_several_readers_fuses_into_each(monkeypatch):
     assert {k.kind for k in f.kernels} == {"stitch fusion"}
     peak, out = peak_bytes(f, args)
     np.testing.assert_allclose(out, two_softmaxes(*args), rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
     monkeypatch.setattr(pipeline, "duplicate_broadcasts", lambda module: 0)
     shared_peak, out = peak_bytes(disc.compile(two_softmaxes, *specs_for(shapes, "b, s")), args)
     np.testing.assert_allclose(out, two_softmaxes(*args), rtol=1e-5, atol=1e-6)
@@ -367,6 +368,7 @@ def test_gemm_epilogues_run_behind_the_gemm(name, fn, shapes, fused, monkeypatch
     f = disc.compile(fn, *specs_for(shapes, "b, s"))
     behind = [k for k in f.kernels if k.epilogue_of]
     assert [k.epilogue_of for k in behind] == (["disc_ral_gemm_f32"] if fused else [])
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
     monkeypatch.setattr(pipeline, "fuse_gemm_epilogues", lambda module: 0)
     unfused = disc.compile(fn, *specs_for(shapes, "b, s"))
     assert not any(k.epilogue_of for k in unfused.kernels)

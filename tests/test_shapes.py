@@ -230,6 +230,7 @@ def test_proven_equal_dims_merge_kernels(monkeypatch):
 
     specs = specs_for([(("n", 8), np.float32), (("n", 8), np.float32)], "n")
     with_facts = disc.compile(_two_softmaxes, *specs)
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
     monkeypatch.setattr(pipeline, "unify_argument_dims", lambda *a: 0)
     monkeypatch.setattr(analysis, "_rebuild_shape_operands", lambda *a: None)
     without = disc.compile(_two_softmaxes, *specs)
@@ -260,6 +261,7 @@ def test_buffers_of_provably_equal_size_share_storage(monkeypatch):
     planned = disc.compile(_gemm_then_gemm, *specs)
     np.testing.assert_allclose(planned(*args), _gemm_then_gemm(*args), rtol=1e-5)
     assert "1 dynamically sized buffer(s) take the storage" in planned.shape_report()
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
     monkeypatch.setattr(pipeline, "unify_argument_dims", lambda *a: 0)
     unplanned = disc.compile(_gemm_then_gemm, *specs)
     assert _allocations_per_call(planned, *args) == _allocations_per_call(unplanned, *args) - 1
@@ -354,6 +356,7 @@ def test_proven_reshapes_are_expand_and_collapse(monkeypatch):
 
     specs = specs_for([(("b", "s", 8), np.float32)], "b, s")
     proven = disc.compile(fn, *specs)
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
     monkeypatch.setattr(analysis, "_reassociation", lambda *a: None)
     generic = disc.compile(fn, *specs)
     x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)

@@ -169,8 +169,8 @@ def test_torch_compile_backend_compiles_each_graph_once(monkeypatch):
     import disc_stablehlo.compiler as compiler
 
     calls = []
-    real = compiler.compile_imported
-    monkeypatch.setattr(compiler, "compile_imported", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = compiler.compile_source
+    monkeypatch.setattr(compiler, "compile_source", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch._dynamo.reset()
     model = BlockWithBreak().eval()
     compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)

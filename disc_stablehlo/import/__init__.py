@@ -1,21 +1,38 @@
-"""Frontends: every supported input becomes one StableHLO module in a fresh MLIR context plus a
-signature. The rest of the pipeline never knows where a module came from.
+"""Frontends, in two halves.
+
+In the caller's process, `export` turns a user's function or model into a `Source` (StableHLO
+text or bytes, or a saved torch.export program, with the dims and names the frontend knows) and
+a `Binding` (how call arguments and results map); it needs the framework, never MLIR. In the
+compiler worker, `import_source` turns a `Source` into an `Imported`: one StableHLO module in a
+fresh MLIR context plus a signature. The rest of the pipeline never knows where a module came from.
 
 `import` is a Python keyword: the package loads this module with importlib."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..mlir_support import new_context  # first: loads torch-mlir's native modules (see _load_mlir)
-from torch_mlir import ir  # noqa: E402
-
-from ..bounded_dynamism.signature import Signature, signature_from_function
+from ..bounded_dynamism.signature import Dim, Signature
 from ..errors import CompileError
 from ..runtime import Binding
+
+if TYPE_CHECKING:
+    from torch_mlir import ir
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What the caller hands the compiler worker (picklable, no MLIR)."""
+    kind: str                      # "stablehlo" (payload: text or bytes), "torch" (a saved ExportedProgram's path), "tf"
+    payload: str | bytes
+    arg_dims: tuple[tuple[Dim, ...], ...] | None = None  # dims the frontend named (symbolic dims), per argument
+    arg_names: tuple[str, ...] | None = None
+    facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
+    checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
+    ops: tuple[str, ...] = ()      # TF: the graph's op names (for the message when TF's exporter leaves some)
 
 
 @dataclasses.dataclass
@@ -23,24 +40,28 @@ class Imported:
     module: ir.Module
     entry: str
     signature: Signature
-    binding: Binding = dataclasses.field(default_factory=Binding)  # the caller's arguments and results
-    facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
-    checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
+    facts: tuple[str, ...] = ()
+    checked: tuple[str, ...] = ()
     params: tuple[np.ndarray, ...] = ()  # data of the entry's arguments after the signature's (weights)
 
 
-Frontend = Callable[..., Imported]
-_FRONTENDS: list[tuple[Callable[[Any], bool], Frontend]] = []
+Exporter = Callable[..., tuple[Source, Binding]]
+_EXPORTERS: list[tuple[Callable[[Any, tuple], bool], Exporter]] = []
+_IMPORTERS: dict[str, Callable[[Source], Imported]] = {}
 
 
-def register_frontend(accepts: Callable[[Any, tuple], bool], convert: Frontend) -> None:
-    """Adds a frontend: `accepts(obj, specs)` says whether it handles `obj`; `convert(obj, *specs)`."""
-    _FRONTENDS.append((accepts, convert))
+def register_frontend(accepts: Callable[[Any, tuple], bool], export: Exporter, kind: str | None = None,
+                      importer: Callable[[Source], Imported] | None = None) -> None:
+    """Adds a frontend: `accepts(obj, specs)` says whether it handles `obj`; `export(obj, *specs,
+    **options)` runs in the caller; `importer` turns its `kind` of Source into an `Imported` in the worker."""
+    _EXPORTERS.append((accepts, export))
+    if kind is not None and importer is not None:
+        _IMPORTERS[kind] = importer
 
 
-def load(obj: Any, *specs: Any, **options: Any) -> Imported:
+def export(obj: Any, *specs: Any, **options: Any) -> tuple[Source, Binding]:
     """`options` are frontend-specific (`dynamic_shapes=` for PyTorch)."""
-    for accepts, convert in _FRONTENDS:
+    for accepts, convert in _EXPORTERS:
         if accepts(obj, specs):
             return convert(obj, *specs, **options)
     raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
@@ -48,7 +69,22 @@ def load(obj: Any, *specs: Any, **options: Any) -> Imported:
                        "with tf.TensorSpec specs, or a StableHLO module (text, bytecode or portable artifact)")
 
 
+def import_source(source: Source) -> Imported:
+    """In the compiler worker: the Source as an MLIR module and signature."""
+    if source.kind not in _IMPORTERS:
+        raise CompileError(f"unknown source kind '{source.kind}'; known: {', '.join(sorted(_IMPORTERS))}")
+    return _IMPORTERS[source.kind](source)
+
+
+def entry_name(entry: ir.Operation) -> str:
+    from torch_mlir import ir
+
+    return ir.StringAttr(entry.attributes["sym_name"]).value
+
+
 def find_entry(module: ir.Module) -> ir.Operation:
+    from torch_mlir import ir
+
     funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
     public = [f for f in funcs if "sym_visibility" not in f.attributes or ir.StringAttr(f.attributes["sym_visibility"]).value == "public"]
     for f in public:
@@ -62,7 +98,10 @@ def find_entry(module: ir.Module) -> ir.Operation:
 
 def parse_stablehlo(source: str | bytes) -> ir.Module:
     """Parses StableHLO text, MLIR bytecode, or a StableHLO portable artifact in a new context."""
+    from torch_mlir import ir
     from torch_mlir._mlir_libs import _stablehlo
+
+    from ..mlir_support import new_context
 
     ctx = new_context()
     with ctx, ir.Location.unknown():
@@ -91,16 +130,24 @@ def _without_chlo(text: str) -> bytes:
         raise CompileError(f"cannot parse the CHLO module: {e}") from None
 
 
-def _from_stablehlo(source: str | bytes, *specs: Any) -> Imported:
+def _export_stablehlo(source: str | bytes, *specs: Any) -> tuple[Source, Binding]:
     if specs:
         raise CompileError("a StableHLO module carries its own signature: pass no argument specs")
-    module = parse_stablehlo(source)
+    return Source("stablehlo", bytes(source) if isinstance(source, bytearray) else source), Binding()
+
+
+def import_stablehlo(source: Source) -> Imported:
+    """A StableHLO module with the dims and argument names its frontend gave (JAX's symbolic dims)."""
+    from ..bounded_dynamism.signature import signature_from_function
+
+    module = parse_stablehlo(source.payload)
     with module.context:
         entry = find_entry(module)
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, signature_from_function(entry))
+        sig = signature_from_function(entry, source.arg_dims, source.arg_names)
+        return Imported(module, entry_name(entry), sig, source.facts, source.checked)
 
 
-register_frontend(lambda obj, specs: isinstance(obj, (str, bytes, bytearray)), _from_stablehlo)
+register_frontend(lambda obj, specs: isinstance(obj, (str, bytes, bytearray)), _export_stablehlo, "stablehlo", import_stablehlo)
 
 # before JAX's, which takes any other callable
 from . import torch_frontend  # noqa: E402,F401  (registers itself)

@@ -14,14 +14,14 @@ import re
 import sys
 from typing import Any
 
-from torch_mlir import ir
+from typing import TYPE_CHECKING
 
-from ..bounded_dynamism.signature import signature_from_function
 from ..errors import CompileError, UnsupportedOpError
-from ..mlir_support import describe, new_context, walk
-from ..passes.lower import LoweringState, Text
 from ..runtime import Binding
-from . import Imported, find_entry, register_frontend
+from . import Imported, Source, entry_name, find_entry, register_frontend
+
+if TYPE_CHECKING:
+    from torch_mlir import ir
 
 
 def _is_tf(obj: Any, specs: tuple) -> bool:
@@ -36,7 +36,7 @@ def _shape_text(spec: Any) -> str:
     return ",".join("?" if d is None else str(d) for d in spec.shape.as_list())
 
 
-def _from_tf(fn: Any, *specs: Any) -> Imported:
+def _export_tf(fn: Any, *specs: Any) -> tuple[Source, Binding]:
     import tensorflow as tf
     from tensorflow.compiler.mlir.tensorflow_to_stablehlo.python import pywrap_tensorflow_to_stablehlo as to_stablehlo
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
@@ -51,26 +51,38 @@ def _from_tf(fn: Any, *specs: Any) -> Imported:
         bytecode = to_stablehlo.tensorflow_module_to_stablehlo(tf_text, ":".join(_shape_text(s) for s in specs))
     except Exception as e:
         raise CompileError(f"TensorFlow's StableHLO exporter failed: {e}") from None
+    ops = tuple(sorted(set(re.findall(r'"(tf\.\w+)"', tf_text)) - {"tf.Const", "tf.Identity", "tf.NoOp"}))
+    names = tuple(s.name or f"arg{i}" for i, s in enumerate(specs))
+    structure = concrete.structured_outputs
+    return (Source("tf", bytecode, arg_names=names, ops=ops),
+            Binding(pack_results=lambda outs: tf.nest.pack_sequence_as(structure, outs)))
+
+
+def import_tf(source: Source) -> Imported:
+    """In the worker: the exporter's module, with the TF ops it left converted here."""
+    from torch_mlir import ir
+
+    from ..bounded_dynamism.signature import signature_from_function
+    from ..mlir_support import new_context
+
     ctx = new_context()
     ctx.allow_unregistered_dialects = True  # the TF ops the exporter leaves behind
     with ctx, ir.Location.unknown():
         try:
-            module = ir.Module.parse(bytecode)
+            module = ir.Module.parse(source.payload)
         except Exception:  # TF ops left with TF-specific attributes, which only TF can read
-            ops = sorted(set(re.findall(r'"(tf\.\w+)"', tf_text)) - {"tf.Const", "tf.Identity", "tf.NoOp"})
             raise UnsupportedOpError("TensorFlow's StableHLO exporter left TF ops unconverted (one of "
-                                     f"{', '.join(ops)}); they are not supported") from None
+                                     f"{', '.join(source.ops)}); they are not supported") from None
         _convert_leftovers(module)
         ctx.allow_unregistered_dialects = False
         entry = find_entry(module)
-        names = [s.name or f"arg{i}" for i, s in enumerate(specs)]
-        sig = signature_from_function(entry, None, names)
-        structure = concrete.structured_outputs
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig,
-                        Binding(pack_results=lambda outs: tf.nest.pack_sequence_as(structure, outs)))
+        return Imported(module, entry_name(entry), signature_from_function(entry, None, source.arg_names))
 
 
 def _convert_leftovers(module: ir.Module) -> None:
+    from ..mlir_support import describe, walk
+    from ..passes.lower import LoweringState
+
     state = LoweringState(module)
     for op in walk(module.operation):
         if op.name == "tf.Reshape":
@@ -85,6 +97,8 @@ def _convert_leftovers(module: ir.Module) -> None:
 def _cumsum_function(name: str, op: ir.Operation) -> str | None:
     """tf.Cumsum (inclusive, forward, float) along a constant axis as a product with an
     upper-triangular matrix of ones built from iotas; None when it cannot be expressed so."""
+    from torch_mlir import ir
+
     x_type, r_type = ir.RankedTensorType(op.operands[0].type), op.result.type
     axis_owner = op.operands[1].owner
     flags = [a for a in ("exclusive", "reverse") if a in op.attributes and ir.BoolAttr(op.attributes[a]).value]
@@ -117,6 +131,8 @@ def _cumsum_function(name: str, op: ir.Operation) -> str | None:
 def _reshape_function(name: str, op: ir.Operation) -> str:
     """tf.Reshape(x, shape) with at most one -1 in `shape`: the missing size is the element count
     divided by the product of the others (at least 1, so an empty tensor divides by nothing)."""
+    from torch_mlir import ir
+
     x_type, s_type, r_type = op.operands[0].type, op.operands[1].type, op.result.type
     elem = str(ir.RankedTensorType(s_type).element_type)
     k = ir.RankedTensorType(s_type).shape[0]
@@ -144,10 +160,12 @@ def _reshape_function(name: str, op: ir.Operation) -> str:
 
 def _function(name: str, op: ir.Operation, lines: list[str]) -> str:
     """A private function of the op's signature (operands %a0, %a1, ...) with `lines` as body."""
+    from ..passes.lower import Text
+
     text = Text()
     for line in lines:
         text.emit(line)
     return text.function(name, op)
 
 
-register_frontend(_is_tf, _from_tf)
+register_frontend(_is_tf, _export_tf, "tf", import_tf)

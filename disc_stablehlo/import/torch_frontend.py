@@ -1,22 +1,21 @@
-"""PyTorch frontend: `torch.export` (with `torch.export.Dim`, derived dims such as `2 * h`), then
-torch-mlir's FX importer with StableHLO output. The ExportedProgram's range constraints (which
-torch-mlir's StableHLO drops) become checked constraints, and its symbols name the dims."""
+"""PyTorch frontend: `torch.export` (with `torch.export.Dim`, derived dims such as `2 * h`) in the
+caller's process, saved to a file; in the compiler worker, torch-mlir's FX importer with StableHLO
+output. The ExportedProgram's range constraints (which torch-mlir's StableHLO drops) become
+checked constraints, and its symbols name the dims."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any
 
 import ml_dtypes
 import numpy as np
-from torch_mlir import ir
 
-from ..bounded_dynamism.signature import signature_from_function
 from ..errors import CompileError
-from ..mlir_support import function_type
-from ..passes.parameters import PARAM_MIN_BYTES, add_parameter
-from . import Imported, find_entry, parse_stablehlo, register_frontend
+from ..runtime import Binding
+from . import Imported, Source, entry_name, find_entry, parse_stablehlo, register_frontend
 
 
 def _is_torch(obj: Any, specs: tuple) -> bool:
@@ -124,9 +123,9 @@ def _decompositions() -> dict:
     """torch-mlir's table plus ours (cumsum, sort and topk, group norm, nearest upsampling,
     empty_strided)."""
     import torch
-    import torch_mlir.fx as fx
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
-    table = dict(fx.get_decomposition_table())
+    table = dict(get_decomposition_table())
     table[torch.ops.aten.cumsum.default] = _cumsum
     table[torch.ops.aten.empty_strided.default] = _empty_strided
     table[torch.ops.aten.sort.default] = _sort
@@ -210,13 +209,16 @@ class _ParameterHooks:
 
         self.base = FxImporterHooks()
         self.tensors: list[Any] = []
-        self.args: dict[tuple, ir.Value] = {}
+        self.args: dict[tuple, Any] = {}
 
     def __getattr__(self, name: str) -> Any:  # the importer's other hooks keep their defaults
         return getattr(self.base, name)
 
-    def resolve_literal(self, gni: Any, literal: Any, info: Any) -> ir.Value | None:
+    def resolve_literal(self, gni: Any, literal: Any, info: Any) -> Any:
         import torch
+        from torch_mlir import ir
+
+        from ..passes.parameters import PARAM_MIN_BYTES, add_parameter
 
         if not isinstance(literal, torch.Tensor) or literal.numel() * literal.element_size() < PARAM_MIN_BYTES:
             return None
@@ -243,9 +245,10 @@ class _ParameterHooks:
         return tuple(out)
 
 
-def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> Imported:
+def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> tuple[Source, Binding]:
+    import tempfile
+
     import torch
-    import torch_mlir.fx as fx
 
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
@@ -255,32 +258,75 @@ def _from_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None
             ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
         except Exception as e:
             raise CompileError(f"torch.export failed: {e}") from None
-    try:
-        hooks = _ParameterHooks()
-        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table=_decompositions(), hooks=hooks)
-    except Exception as e:
-        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {e}") from None
-    module = parse_stablehlo(str(mlir))
     dims = _input_dims(ep)
     names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
+    try:
+        ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
+    except Exception as e:
+        raise CompileError(f"decomposing the exported program failed: {e}") from None
+    fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # the compiler removes it once read
+    os.close(fd)
+    try:
+        torch.export.save(ep, path)
+    except Exception as e:
+        os.unlink(path)
+        raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
+    return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints), Binding()
+
+
+def _restore_list_values(graph: Any) -> None:
+    """A saved program comes back with the values of ops returning a tensor list (`split`, GRU's
+    gates) as tuples, which torch-mlir takes for several results: made lists again."""
+    import torch
+
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        returns = getattr(getattr(node.target, "_schema", None), "returns", ())
+        if isinstance(val, tuple) and len(returns) == 1 and isinstance(returns[0].type, torch.ListType):
+            node.meta["val"] = list(val)
+
+
+def import_torch(source: Source) -> Imported:
+    """In the worker: the saved program through torch-mlir's FX importer (tensors of the program
+    become parameters, `_ParameterHooks`) to StableHLO."""
+    import torch
+    import torch_mlir.fx as fx
+
+    from ..bounded_dynamism.signature import signature_from_function
+
+    try:
+        ep = torch.export.load(source.payload)
+    finally:
+        os.unlink(source.payload)
+    _restore_list_values(ep.graph)
+    try:
+        hooks = _ParameterHooks()
+        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={}, hooks=hooks)  # decomposed by the caller
+    except Exception as e:
+        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {e}") from None
+    module = parse_stablehlo(str(mlir))
     with module.context:
         entry = find_entry(module)
         params = hooks.arrays()
-        sig = signature_from_function(entry, dims, list(ep.graph_signature.user_inputs), len(params))
-        return Imported(module, ir.StringAttr(entry.attributes["sym_name"]).value, sig, checked=constraints, params=params)
+        sig = signature_from_function(entry, source.arg_dims, source.arg_names, len(params))
+        return Imported(module, entry_name(entry), sig, checked=source.checked, params=params)
 
 
-register_frontend(_is_torch, _from_torch)
+register_frontend(_is_torch, _export_torch, "torch", import_torch)
 
 
-def _from_fx_graph(gm: Any, example_inputs: list) -> Imported:
+def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
     """An ATen-level FX graph (AOTAutograd's, under dynamo). Dynamic sizes arrive as separate
     integer inputs; the entry takes the tensors only and reads each size from the tensor dim
-    that carries the same symbol."""
+    that carries the same symbol. The graph's fake tensors cannot leave this process, so
+    torch-mlir imports it here (the compiler worker does the rest)."""
     import torch
+
+    from ..mlir_support import function_type  # first: loads torch-mlir's native modules (see _load_mlir)
     import torch_mlir.fx as fx
+    from torch_mlir import ir
 
     tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     where: dict[str, tuple[int, int]] = {}  # symbol -> (tensor argument, dim)
@@ -320,10 +366,8 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Imported:
         parsed = ir.Module.parse(text)  # must outlive the move
         entry = parsed.body.operations[1].operation
         entry.move_before(inner)
-        entry = find_entry(module)
-        dims = [tuple(str(d.node.expr) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape) for i in tensors]
-        sig = signature_from_function(entry, dims, [f"input{i}" for i in tensors])
-        return Imported(module, "disc_entry", sig)
+        dims = tuple(tuple(str(d.node.expr) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape) for i in tensors)
+        return Source("stablehlo", str(module), dims, tuple(f"input{i}" for i in tensors))
 
 
 def dynamo_backend(gm: Any, example_inputs: list) -> Any:
@@ -333,10 +377,10 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     import torch
     from torch._dynamo.backends.common import aot_autograd
 
-    from ..compiler import compile_imported
+    from ..compiler import compile_source
 
     def forward_compiler(graph: Any, inputs: list) -> Any:
-        compiled = compile_imported(_from_fx_graph(graph, inputs))
+        compiled = compile_source(_from_fx_graph(graph, inputs), Binding())
 
         def run(*args):
             out = compiled(*[a for a in args if isinstance(a, torch.Tensor)])

@@ -1,0 +1,201 @@
+"""The compiler worker: MLIR and LLVM run in a process of their own, never in the caller's.
+
+The caller's frontends export a `Source` (StableHLO, a saved torch.export program, TF's exporter
+output); the worker imports it, compiles it and writes an artifact, which the caller loads with
+the run-time side only. So the package adds no LLVM to the caller's process (TensorFlow, triton
+and jax each carry one), and a fatal error inside MLIR or LLVM (an abort, a segfault) ends the
+worker, not the caller: it becomes a CompileError naming the stage, with a reproducer.
+
+One worker per caller process, started on the first compilation (in the background, while the
+frontend exports) and kept for the next ones; it exits when its parent does (end of its input).
+Requests and replies are length-prefixed pickles on its stdin/stdout; the worker reports each
+stage before running it, so the caller knows where a crash happened. `DISC_COMPILE_WORKER=0`
+compiles in the calling process (debugging)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, BinaryIO
+
+from .errors import CompileError, DiscError
+
+# environment variables a compilation reads: sent with each request (the caller's may change)
+_ENV_PREFIX = "DISC_"
+
+
+def _send(stream: BinaryIO, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO) -> Any:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (n,) = struct.unpack("<Q", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def _error_classes() -> dict[str, type[DiscError]]:
+    from . import errors
+
+    return {name: cls for name, cls in vars(errors).items() if isinstance(cls, type) and issubclass(cls, DiscError)}
+
+
+class Worker:
+    """The caller's handle on its worker process (one compilation at a time)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()  # a forked child starts its own
+        self.lock = threading.Lock()
+        self.log = tempfile.TemporaryFile()  # the worker's stderr: forwarded after each request, quoted on a crash
+        self.log_read = 0
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", "from disc_stablehlo.worker import serve; serve()"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log,
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self.proc.poll() is None
+
+    def compile(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            stage = "starting the compiler worker"
+            try:
+                _send(self.proc.stdin, request)
+                while True:
+                    kind, value = _receive(self.proc.stdout)
+                    if kind != "stage":
+                        break
+                    stage = value
+            except (OSError, EOFError, pickle.UnpicklingError):
+                raise self._crashed(stage, request) from None
+            finally:
+                self._forward_log()
+        if kind == "error":
+            name, message = value
+            raise _error_classes().get(name, CompileError)(message)
+        return value
+
+    def _forward_log(self) -> None:
+        """What the worker printed (DISC_LOG reports, warnings) goes to the caller's stderr."""
+        self.log.seek(self.log_read)
+        text = self.log.read()
+        self.log_read += len(text)
+        if text and not getattr(self, "crashed", False):
+            sys.stderr.write(text.decode(errors="replace"))
+
+    def _crashed(self, stage: str, request: dict[str, Any]) -> CompileError:
+        self.crashed = True
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace").strip().splitlines()[-12:]
+        where = _reproducer(request["source"])
+        return CompileError(f"the compiler crashed ({how}) during {stage}; this process is unaffected.\n"
+                            + ("".join(f"  | {line}\n" for line in tail) if tail else "")
+                            + f"reproducer: {where}\nreplay: disc-stablehlo compile {where}")
+
+
+def _reproducer(source: Any) -> str:
+    """The source written to a file the CLI compiles again."""
+    if source.kind == "torch":
+        return source.payload  # the saved program
+    folder = tempfile.mkdtemp(prefix="disc-crash-")
+    path = os.path.join(folder, "module.mlir" if isinstance(source.payload, str) else "module.mlirbc")
+    with open(path, "w" if isinstance(source.payload, str) else "wb") as f:
+        f.write(source.payload)
+    return path
+
+
+_worker: Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return os.environ.get("DISC_COMPILE_WORKER", "1") != "0"
+
+
+def worker() -> Worker:
+    """The running worker, started if there is none (returns at once: it loads MLIR and LLVM
+    while the caller's frontend exports)."""
+    global _worker
+    with _worker_lock:
+        if _worker is None or not _worker.alive():
+            _worker = Worker()
+        return _worker
+
+
+def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str) -> dict:
+    """Compiles `source` into an artifact; returns {"path": ..., "cached": bool}. The artifact is
+    at `out_path`, or in DISC_CACHE_DIR when that is set."""
+    request = {"source": source, "binding": binding, "constraints": tuple(constraints), "target": target,
+               "buffer_reuse": buffer_reuse, "out_path": out_path,
+               "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}}
+    if not enabled():
+        return handle(request)
+    return worker().compile(request)
+
+
+def handle(request: dict[str, Any], report: Any = lambda stage: None) -> dict:
+    """Runs one compilation (in the worker, or here when the worker is disabled)."""
+    from importlib import import_module
+
+    from . import mlir_support
+    from .build import build_artifact, cache_key
+    from .targets import get_target
+
+    frontends = import_module(f"{__package__}.import")
+    mlir_support.stage_listener = report
+    report("importing the module")
+    imported = frontends.import_source(request["source"])
+    tgt = get_target(request["target"])
+    cache = request["env"].get("DISC_CACHE_DIR")
+    path = request["out_path"]
+    if cache:
+        os.makedirs(cache, exist_ok=True)
+        path = os.path.join(cache, cache_key(imported, request["constraints"], tgt, request["buffer_reuse"]) + ".disc")
+        if os.path.exists(path):
+            return {"path": path, "cached": True}
+    build_artifact(imported, request["constraints"], tgt, request["buffer_reuse"], path, request["binding"])
+    return {"path": path, "cached": False}
+
+
+def serve() -> None:
+    """The worker's loop: one request at a time until its input ends."""
+    from . import mlir_support  # noqa: F401  (loads MLIR and LLVM now, before the first request)
+    from . import build  # noqa: F401
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # prints of the compiler must not corrupt the replies
+    while True:
+        try:
+            request = _receive(stdin)
+        except EOFError:
+            return
+        os.environ.update(request["env"])
+        for k in [k for k in os.environ if k.startswith(_ENV_PREFIX) and k not in request["env"]]:
+            del os.environ[k]
+        try:
+            reply = ("ok", handle(request, lambda stage: _send(stdout, ("stage", stage))))
+        except DiscError as e:
+            reply = ("error", (type(e).__name__, str(e)))
+        except Exception as e:  # a bug of ours: reported, and the worker goes on
+            import traceback
+
+            reply = ("error", ("CompileError", f"internal compiler error: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        _send(stdout, reply)

@@ -1,0 +1,79 @@
+"""Compilation outside the caller's process: the compiler worker, its crashes, and a caller
+process without MLIR or LLVM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import disc_stablehlo as disc
+from disc_stablehlo import worker
+
+TANH = """func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+  %0 = stablehlo.tanh %x : tensor<?x8xf32>
+  return %0 : tensor<?x8xf32>
+}"""
+
+# LLVM ERROR: could not reify (the upstream conversion aborts the process it runs in)
+ABORTS = """func.func @main(%x: tensor<?xf32>) -> tensor<?xf32> {
+  %0 = stablehlo.reduce_precision %x, format = e5m10 : tensor<?xf32>
+  return %0 : tensor<?xf32>
+}"""
+
+
+def test_an_abort_in_the_compiler_is_a_compile_error_and_the_caller_lives_on():
+    with pytest.raises(disc.CompileError, match=r"(?s)the compiler crashed \(killed by signal SIGABRT\) during .*reproducer: "
+                                                r"(\S+module\.mlir)") as info:
+        disc.compile(ABORTS)
+    assert "could not reify" in str(info.value) or "LLVM ERROR" in str(info.value)
+    reproducer = str(info.value).split("reproducer: ")[1].split()[0]
+    assert "reduce_precision" in open(reproducer).read()
+    f = disc.compile(TANH)  # a new worker takes the next compilation
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(3, 8)
+    np.testing.assert_allclose(f(x), np.tanh(x), rtol=1e-6)
+
+
+def test_the_worker_is_kept_for_later_compilations():
+    disc.compile(TANH)
+    first = worker.worker().proc.pid
+    disc.compile(TANH.replace("tanh", "exponential"))
+    assert worker.worker().proc.pid == first
+
+
+def test_errors_in_the_worker_keep_their_class_and_message():
+    with pytest.raises(disc.UnsupportedOpError, match="fft"):
+        disc.compile("""func.func @main(%x: tensor<8xcomplex<f32>>) -> tensor<8xcomplex<f32>> {
+          %0 = stablehlo.fft %x, type = FFT, length = [8] : (tensor<8xcomplex<f32>>) -> tensor<8xcomplex<f32>>
+          return %0 : tensor<8xcomplex<f32>>
+        }""")
+
+
+CALLER = """
+import sys
+import numpy as np
+import jax, jax.numpy as jnp
+from jax import export
+import disc_stablehlo as disc
+b, = export.symbolic_shape("b")
+f = disc.compile(lambda x: jnp.tanh(x) @ jnp.ones((8, 4), jnp.float32), jax.ShapeDtypeStruct((b, 8), jnp.float32))
+x = np.ones((3, 8), np.float32)
+np.testing.assert_allclose(f(x), np.tanh(x) @ np.ones((8, 4), np.float32), rtol=1e-5)
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch_mlir", "llvmlite"))
+print("loaded:", loaded)
+"""
+
+
+def test_the_callers_process_loads_neither_mlir_nor_llvm():
+    out = subprocess.run([sys.executable, "-c", CALLER], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "loaded: []"
+
+
+def test_compile_and_call_in_a_process_that_imported_triton_first():
+    pytest.importorskip("triton", reason="triton comes with CUDA builds of torch only")
+    code = "import triton, torch\n" + CALLER
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
