@@ -46,7 +46,8 @@ def ensure_env(extras: str) -> None:
 
 
 def c_tests() -> None:
-    """The RAL's own tests, built twice: under AddressSanitizer + UBSan, and ThreadSanitizer."""
+    """The RAL's own tests (runtime and artifact reader), built twice: under AddressSanitizer +
+    UBSan, and ThreadSanitizer."""
     blas = subprocess.run([str(PY), "-c", "import scipy_openblas32 as s, os; print(os.path.join(s.get_lib_dir(), 'lib' + s.get_library() + '.so'))"],
                           check=True, capture_output=True, text=True).stdout.strip()
     for name, flags in [("asan", "-fsanitize=address,undefined"), ("tsan", "-fsanitize=thread")]:
@@ -55,6 +56,7 @@ def c_tests() -> None:
         run("cmake", "--build", build, "-j2")
         run(build / "test_ral", blas)
         run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
+        run(build / "test_artifact")  # SHA-256, the header's JSON reader, loading and calling artifacts
 
 
 def main() -> int:

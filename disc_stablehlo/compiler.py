@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import artifact, worker
 from .runtime import Binding, CompiledFunction, Executable, default_runtime
@@ -34,14 +34,16 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
 
 
 def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str = "x86",
-                   buffer_reuse: bool = True) -> CompiledFunction:
+                   buffer_reuse: bool = True, progress: Callable[[str], None] | None = None) -> CompiledFunction:
     """The stages after the frontend's export (for frontends called from elsewhere, e.g. the
     dynamo backend): compiled by the worker, loaded here.
 
     With `DISC_CACHE_DIR` set, artifacts are kept there, keyed by the imported module, the
     constraints and options, the target, the package version and sources and the RAL build: a
-    later process loads the artifact instead of generating code (its `compile_count` is 0)."""
+    later process loads the artifact instead of generating code (its `compile_count` is 0).
+    `progress` is told the name of each stage as it starts."""
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        reply = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse, os.path.join(tmp, "compiled.disc"))
+        reply = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse, os.path.join(tmp, "compiled.disc"),
+                               progress)
         art = artifact.read(reply["path"])  # mapped: the mapping outlives a temporary file
     return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if reply["cached"] else 1)

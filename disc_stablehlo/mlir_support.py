@@ -105,12 +105,12 @@ def verify(module: ir.Module, stage: str) -> None:
         raise CompileError(f"invalid IR before {stage} (a compiler bug):\n{e}") from None
 
 
-def _no_listener(stage: str) -> None:
+def ignore_stage(stage: str) -> None:
     pass
 
 
 # told the name of each stage before it runs (the compiler worker reports it to its caller)
-stage_listener: Callable[[str], None] = _no_listener
+stage_listener: Callable[[str], None] = ignore_stage
 
 
 def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:

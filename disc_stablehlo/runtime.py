@@ -55,9 +55,13 @@ def ral() -> ctypes.CDLL:
         ("ral_context_take", ctypes.c_int, [vp, vp]),
         ("ral_buffer_free", None, [vp, vp]),
         ("ral_kernel_stats", None, [vp, ctypes.POINTER(KernelStat)]),
+        ("ral_abi_version", ctypes.c_int, []),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
+    if lib.ral_abi_version() != artifact.RAL_ABI_VERSION:
+        raise DiscError(f"{RAL_LIBRARY} has RAL ABI version {lib.ral_abi_version()}, this package needs "
+                        f"{artifact.RAL_ABI_VERSION}: reinstall the package")
     return lib
 
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 from .errors import CompileError, DiscError
 
@@ -68,7 +68,7 @@ class Worker:
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
 
-    def compile(self, request: dict[str, Any]) -> dict[str, Any]:
+    def compile(self, request: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
         with self.lock:
             stage = "starting the compiler worker"
             try:
@@ -78,6 +78,7 @@ class Worker:
                     if kind != "stage":
                         break
                     stage = value
+                    progress(stage)
             except (OSError, EOFError, pickle.UnpicklingError):
                 raise self._crashed(stage, request) from None
             finally:
@@ -140,18 +141,24 @@ def worker() -> Worker:
         return _worker
 
 
-def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str) -> dict:
+def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
+            progress: Callable[[str], None] | None = None) -> dict:
     """Compiles `source` into an artifact; returns {"path": ..., "cached": bool}. The artifact is
-    at `out_path`, or in DISC_CACHE_DIR when that is set."""
+    at `out_path`, or in DISC_CACHE_DIR when that is set. `progress` is told each stage as it starts."""
     request = {"source": source, "binding": binding, "constraints": tuple(constraints), "target": target,
                "buffer_reuse": buffer_reuse, "out_path": out_path,
                "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}}
+    progress = progress or _no_progress
     if not enabled():
-        return handle(request)
-    return worker().compile(request)
+        return handle(request, progress)
+    return worker().compile(request, progress)
 
 
-def handle(request: dict[str, Any], report: Any = lambda stage: None) -> dict:
+def _no_progress(stage: str) -> None:
+    pass
+
+
+def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
     """Runs one compilation (in the worker, or here when the worker is disabled)."""
     from importlib import import_module
 
@@ -161,18 +168,21 @@ def handle(request: dict[str, Any], report: Any = lambda stage: None) -> dict:
 
     frontends = import_module(f"{__package__}.import")
     mlir_support.stage_listener = report
-    report("importing the module")
-    imported = frontends.import_source(request["source"])
-    tgt = get_target(request["target"])
-    cache = request["env"].get("DISC_CACHE_DIR")
-    path = request["out_path"]
-    if cache:
-        os.makedirs(cache, exist_ok=True)
-        path = os.path.join(cache, cache_key(imported, request["constraints"], tgt, request["buffer_reuse"]) + ".disc")
-        if os.path.exists(path):
-            return {"path": path, "cached": True}
-    build_artifact(imported, request["constraints"], tgt, request["buffer_reuse"], path, request["binding"])
-    return {"path": path, "cached": False}
+    try:
+        report("importing the module")
+        imported = frontends.import_source(request["source"])
+        tgt = get_target(request["target"])
+        cache = request["env"].get("DISC_CACHE_DIR")
+        path = request["out_path"]
+        if cache:
+            os.makedirs(cache, exist_ok=True)
+            path = os.path.join(cache, cache_key(imported, request["constraints"], tgt, request["buffer_reuse"]) + ".disc")
+            if os.path.exists(path):
+                return {"path": path, "cached": True}
+        build_artifact(imported, request["constraints"], tgt, request["buffer_reuse"], path, request["binding"])
+        return {"path": path, "cached": False}
+    finally:
+        mlir_support.stage_listener = mlir_support.ignore_stage
 
 
 def serve() -> None:

@@ -229,6 +229,8 @@ struct ral_context {
   char message[512];
 };
 
+int ral_abi_version(void) { return RAL_ABI_VERSION; }
+
 static _Thread_local char create_error[512];
 
 const char *ral_runtime_create_error(void) { return create_error; }

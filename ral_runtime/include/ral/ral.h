@@ -28,6 +28,12 @@ typedef enum {
   RAL_ERR_INTERNAL = 4,
 } ral_status;
 
+/* Version of this C ABI (the entry points below and their behaviour). A compiled object records
+ * the version it was linked against; a runtime refuses objects of another version. */
+#define RAL_ABI_VERSION 1
+/* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
+int ral_abi_version(void);
+
 typedef struct ral_runtime ral_runtime;
 typedef struct ral_context ral_context;
 
