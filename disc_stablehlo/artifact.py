@@ -8,6 +8,7 @@ Reading needs neither MLIR nor LLVM nor any framework."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -18,7 +19,7 @@ import platform
 import struct
 import zlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, BinaryIO, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -108,8 +109,7 @@ class Contents:
 
 
 def write(path: str, c: Contents) -> None:
-    """Writes the artifact beside `path` and renames it into place: a concurrent reader sees all of
-    it or nothing."""
+    """Writes the artifact to `path` (`replacing`)."""
     llvm_ir = zlib.compress(c.llvm_ir.encode(), 1)
     params = [np.ascontiguousarray(p) for p in c.params]
     header: dict[str, Any] = {
@@ -135,9 +135,8 @@ def write(path: str, c: Contents) -> None:
             break
         size = len(text)
     end = offset
-    tmp = f"{path}.{os.getpid()}.tmp"
     digest = hashlib.sha256()
-    with open(tmp, "wb") as f:
+    with replacing(path) as f:
         f.write(b"\0" * PREFIX)
         _put(f, digest, text, PREFIX)
         for blob, (at, _) in zip((c.shared_object, llvm_ir), sections.values()):
@@ -147,7 +146,20 @@ def write(path: str, c: Contents) -> None:
         _pad(f, digest, end)
         f.seek(0)
         f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, RAL_ABI_VERSION, len(text), end, digest.digest()))
-    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A file written beside `path` and renamed into place once complete: a concurrent reader
+    sees all of it or nothing, and a failed write leaves nothing behind."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _pad(f: BinaryIO, digest: Any, at: int) -> None:

@@ -9,7 +9,6 @@ import hashlib
 import os
 import sys
 import tempfile
-from importlib.metadata import version
 from typing import Any, Sequence
 
 from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
@@ -71,7 +70,7 @@ def cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse:
     # from another call site (a later process, another test) would miss its entry
     for part in (imported.module.operation.get_asm(enable_debug_info=False), imported.entry, repr(imported.signature),
                  repr(imported.facts), repr(imported.checked), repr(tuple(constraints)), repr(buffer_reuse),
-                 repr(tgt), version("disc_stablehlo")):
+                 repr(tgt), artifact.package_version()):
         h.update(part.encode())
         h.update(b"\0")
     for p in imported.params:  # weights the frontend keeps out of the module (torch's)

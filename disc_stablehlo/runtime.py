@@ -279,11 +279,8 @@ class CompiledFunction:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the artifact to one file (docs/artifact.md): shared object, parameters, metadata."""
-        src = self._exe.artifact.data
-        tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(memoryview(src))
-        os.replace(tmp, path)
+        with artifact.replacing(path) as f:
+            f.write(memoryview(self._exe.artifact.data))
 
     def __call__(self, *args: Any) -> Any:
         b = self._binding

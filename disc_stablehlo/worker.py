@@ -61,6 +61,7 @@ class Worker:
         self.lock = threading.Lock()
         self.log = tempfile.TemporaryFile()  # the worker's stderr: forwarded after each request, quoted on a crash
         self.log_read = 0
+        self.crashed = False  # its output is then quoted in the error instead of forwarded
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", "from disc_stablehlo.worker import serve; serve()"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
@@ -93,7 +94,7 @@ class Worker:
         self.log.seek(self.log_read)
         text = self.log.read()
         self.log_read += len(text)
-        if text and not getattr(self, "crashed", False):
+        if text and not self.crashed:
             sys.stderr.write(text.decode(errors="replace"))
 
     def _crashed(self, stage: str, request: dict[str, Any]) -> CompileError:

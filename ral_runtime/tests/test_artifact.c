@@ -90,15 +90,7 @@ void disc_call_entry(void **args, void *out) {
 #include "ral/artifact.h"
 #include "sha256.h"
 
-static int failures = 0, checks = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    checks++;                                                                  \
-    if (!(cond)) {                                                             \
-      failures++;                                                              \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                          \
-  } while (0)
+#include "check.h"
 /* a failed call whose message contains `text` */
 #define CHECK_ERROR(call, text)                                                                        \
   do {                                                                                                 \

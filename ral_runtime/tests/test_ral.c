@@ -7,15 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0, checks = 0;
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    checks++;                                                                \
-    if (!(cond)) {                                                           \
-      failures++;                                                            \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                        \
-  } while (0)
+#include "check.h"
 
 static void test_allocator_reuse_and_take(ral_runtime *rt) {
   ral_context *ctx;
