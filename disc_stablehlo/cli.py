@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .runtime import read_npz, write_npz
+
 EXAMPLES = """examples:
   disc-stablehlo compile model.mlir -o model.disc                      # StableHLO text or bytecode
   disc-stablehlo compile mypkg.models:encoder --arg b,s,256:f32 --arg 256,256:f32 -o enc.disc
@@ -77,8 +79,7 @@ def _compile(ns: argparse.Namespace) -> int:
 
 def _inputs(paths: Sequence[str]) -> list[np.ndarray]:
     if len(paths) == 1 and paths[0].endswith(".npz"):
-        data = np.load(paths[0])
-        return [data[k] for k in data.files]
+        return read_npz(paths[0])
     return [np.load(p) for p in paths]
 
 
@@ -88,7 +89,7 @@ def _run(ns: argparse.Namespace) -> int:
     f = load(ns.artifact)
     outs = f(*_inputs(ns.inputs))
     outs = outs if isinstance(outs, tuple) else (outs,)
-    np.savez(ns.output, **{spec.name: o for spec, o in zip(f.signature.results, outs)})
+    write_npz(ns.output, f, outs)
     for spec, o in zip(f.signature.results, outs):
         print(f"{spec.name}: {o.dtype.name}{list(o.shape)}")
     return 0

@@ -346,6 +346,17 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
     return leaves, "numpy"
 
 
+def read_npz(file: Any) -> list[np.ndarray]:
+    """Arguments from an .npz (path or file object), in the order they were stored."""
+    with np.load(file, allow_pickle=False) as data:
+        return [data[k] for k in data.files]
+
+
+def write_npz(file: Any, fn: CompiledFunction, outs: Sequence[np.ndarray]) -> None:
+    """Results to an .npz (path or file object), named as the signature names them."""
+    np.savez(file, **{spec.name: o for spec, o in zip(fn.signature.results, outs)})
+
+
 def load(path: str | os.PathLike) -> CompiledFunction:
     """Loads an artifact written by `CompiledFunction.save` (or kept in the compile cache). A
     truncated, corrupted, other-version or other-target file raises ArtifactError and is not loaded."""
