@@ -318,15 +318,12 @@ register_frontend(_is_torch, _export_torch, "torch", import_torch)
 
 
 def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
-    """An ATen-level FX graph (AOTAutograd's, under dynamo). Dynamic sizes arrive as separate
-    integer inputs; the entry takes the tensors only and reads each size from the tensor dim
-    that carries the same symbol. The graph's fake tensors cannot leave this process, so
-    torch-mlir imports it here (the compiler worker does the rest)."""
+    """An ATen-level FX graph (AOTAutograd's, under dynamo) as an exported program for the
+    compiler worker. Dynamic sizes arrive as separate integer inputs; the exported function takes
+    the tensors only and reads each size from the tensor dim that carries the same symbol. Its
+    example tensors have the fake ones' sizes (their hints); dims that carry one symbol share one
+    `Dim`, derived ones are left to torch.export."""
     import torch
-
-    from ..mlir_support import function_type  # first: loads torch-mlir's native modules (see _load_mlir)
-    import torch_mlir.fx as fx
-    from torch_mlir import ir
 
     tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
     where: dict[str, tuple[int, int]] = {}  # symbol -> (tensor argument, dim)
@@ -334,40 +331,39 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
         for d, size in enumerate(example_inputs[i].shape):
             if isinstance(size, torch.SymInt):
                 where.setdefault(str(size.node.expr), (k, d))
+    layout: list[int | tuple[int, int]] = []  # per graph input: its tensor's index, or (tensor, dim) of its size
     for x in example_inputs:
-        if not isinstance(x, torch.Tensor) and str(getattr(getattr(x, "node", None), "expr", "")) not in where:
+        if isinstance(x, torch.Tensor):
+            layout.append(sum(1 for entry in layout if isinstance(entry, int)))
+        elif str(getattr(getattr(x, "node", None), "expr", "")) in where:
+            layout.append(where[str(x.node.expr)])
+        else:
             raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
-    try:
-        mlir = fx.stateless_fx_import(gm, output_type="stablehlo")
-    except Exception as e:
-        raise CompileError(f"torch-mlir could not convert the graph to StableHLO: {e}") from None
-    module = parse_stablehlo(str(mlir))
-    with module.context:
-        inner = find_entry(module)
-        ftype = function_type(inner)
-        params, args, body = [], [], []
-        for i, (x, t) in enumerate(zip(example_inputs, ftype.inputs)):
-            if isinstance(x, torch.Tensor):
-                params.append(f"%t{i}: {t}")
-                args.append(f"%t{i}")
-            else:
-                k, d = where[str(x.node.expr)]
-                tensor = tensors[k]
-                body += [f"%c{i} = arith.constant {d} : index", f"%d{i} = tensor.dim %t{tensor}, %c{i} : {ftype.inputs[tensor]}",
-                         f"%s{i} = arith.index_cast %d{i} : index to {t}"]
-                args.append(f"%s{i}")
-        results = ", ".join(map(str, ftype.results))
-        name = ir.StringAttr(inner.attributes["sym_name"]).value
-        body += [f"%r:{len(ftype.results)} = func.call @{name}({', '.join(args)}) : ({', '.join(map(str, ftype.inputs))}) -> ({results})",
-                 f"return {', '.join(f'%r#{j}' for j in range(len(ftype.results)))} : {results}"]
-        declaration = f"func.func private @{name}({', '.join(map(str, ftype.inputs))}) -> ({results})\n"
-        text = declaration + f"func.func @disc_entry({', '.join(params)}) -> ({results}) {{\n  " + "\n  ".join(body) + "\n}"
-        inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
-        parsed = ir.Module.parse(text)  # must outlive the move
-        entry = parsed.body.operations[1].operation
-        entry.move_before(inner)
-        dims = tuple(tuple(str(d.node.expr) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape) for i in tensors)
-        return Source("stablehlo", str(module), dims, tuple(f"input{i}" for i in tensors))
+
+    class SizesFromTensors(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph_module = gm
+
+        def forward(self, *xs: Any) -> Any:
+            return self.graph_module(*[xs[e] if isinstance(e, int) else xs[e[0]].shape[e[1]] for e in layout])
+
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), tracing(None):  # a fresh export with real example tensors, outside dynamo's tracing
+        dims: dict[str, Any] = {}
+        examples, dynamic = [], []
+        for i in tensors:
+            x = example_inputs[i]
+            examples.append(torch.zeros([int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in x.shape], dtype=x.dtype))
+            spec = {}
+            for d, size in enumerate(x.shape):
+                if isinstance(size, torch.SymInt):
+                    expr = str(size.node.expr)
+                    spec[d] = dims.setdefault(expr, torch.export.Dim(f"d{len(dims)}")) if expr.isidentifier() else torch.export.Dim.AUTO
+            dynamic.append(spec or None)
+        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0]
 
 
 def dynamo_backend(gm: Any, example_inputs: list) -> Any:

@@ -31,6 +31,12 @@ SHAPES = {
 }
 
 
+def inputs(concrete):
+    """The test inputs at each concrete shape (the same in every process)."""
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(dims).astype(np.float32) for dims in concrete]
+
+
 def jax_models():
     import jax
     import jax.numpy as jnp
