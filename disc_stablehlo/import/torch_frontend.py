@@ -301,6 +301,8 @@ def import_torch(source: Source) -> Imported:
     finally:
         os.unlink(source.payload)
     _restore_list_values(ep.graph)
+    # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look
+    ep.state_dict.update({name: ep.constants[name] for name in ep.graph_signature.non_persistent_buffers if name in ep.constants})
     try:
         hooks = _ParameterHooks()
         mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={}, hooks=hooks)  # decomposed by the caller

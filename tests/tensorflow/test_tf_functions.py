@@ -12,8 +12,6 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="the TensorFlow frontend needs tensorflow-cpu (pip install disc_stablehlo[tf])")
 import disc_stablehlo as disc  # noqa: E402
 
-pytestmark = pytest.mark.tensorflow  # a pytest session of its own (see conftest)
-
 RNG = np.random.default_rng(0)
 H, HEADS = 16, 4
 
