@@ -14,6 +14,7 @@ compiles in the calling process (debugging)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import signal
@@ -65,6 +66,19 @@ class Worker:
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", "from disc_stablehlo.worker import serve; serve()"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+
+    def close(self) -> None:
+        """Ends the worker (registered for the caller's exit): its input closes and it returns."""
+        if self.pid != os.getpid():
+            return
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
@@ -139,6 +153,7 @@ def worker() -> Worker:
     with _worker_lock:
         if _worker is None or not _worker.alive():
             _worker = Worker()
+            atexit.register(_worker.close)
         return _worker
 
 

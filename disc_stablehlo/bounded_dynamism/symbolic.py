@@ -160,7 +160,9 @@ def _evaluate_atom(name: str, env: Mapping[str, int]) -> int:
     return {"mod": a % b if b else 0, "floordiv": a // b if b else 0, "max": max(a, b), "min": min(a, b)}[fn]
 
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][\w.]*)|(//|>=|<=|==|!=|[-+*(),<>%]))")
+# names: dimension variables, and the fresh symbols of intermediates (`dynamic_broadcast_in_dim#12`)
+_NAME = re.compile(r"[A-Za-z_][\w.]*(?:#\d*)?")
+_TOKEN = re.compile(rf"\s*(?:(\d+)|({_NAME.pattern})|(//|>=|<=|==|!=|[-+*(),<>%]))")
 
 
 class _Parser:
@@ -234,7 +236,7 @@ class _Parser:
                 if depth == 0:
                     break
             return Dim.var("".join(self.tokens[start:self.i]))
-        if re.fullmatch(r"[A-Za-z_][\w.]*", tok):
+        if _NAME.fullmatch(tok):
             return Dim.var(tok)
         raise CompileError(f"cannot parse dimension expression {self.text!r}: unexpected {tok!r}")
 

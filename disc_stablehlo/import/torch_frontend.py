@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -119,9 +119,68 @@ def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = N
     return torch.empty(size, dtype=dtype, device=device)
 
 
+def _native_multi_head_attention(query: Any, key: Any, value: Any, embed_dim: int, num_head: int, qkv_weight: Any, qkv_bias: Any,
+                                 proj_weight: Any, proj_bias: Any, mask: Any = None, need_weights: bool = True,
+                                 average_attn_weights: bool = True, mask_type: int | None = None) -> Any:
+    """`nn.MultiheadAttention`'s inference fast path as plain ops: one packed input projection
+    split in three, queries scaled before the product, a boolean mask (True: masked out; type 1:
+    key padding (B, L), else broadcast to (B, H, L, L)) or an additive one, and rows with every
+    key masked giving zeros, as the fused kernel's masked softmax does."""
+    import torch
+
+    b, head_dim = query.shape[0], embed_dim // num_head
+    wq, wk, wv = qkv_weight.chunk(3)
+    bq, bk, bv = qkv_bias.chunk(3)
+
+    def heads(x: Any, w: Any, bias: Any) -> Any:
+        return torch.nn.functional.linear(x, w, bias).reshape(b, -1, num_head, head_dim).transpose(1, 2)
+
+    q, k, v = heads(query, wq, bq), heads(key, wk, bk), heads(value, wv, bv)
+    scores = (q / head_dim ** 0.5) @ k.transpose(-2, -1)
+    masked = None
+    if mask is not None:
+        m = mask.reshape(b, 1, 1, -1) if mask_type == 1 else mask
+        if m.dtype == torch.bool:
+            scores, masked = scores.masked_fill(m, float("-inf")), m
+        else:
+            scores = scores + m
+    weights = torch.softmax(scores, -1)
+    if masked is not None:
+        weights = weights.masked_fill(masked.all(-1, keepdim=True), 0.0)
+    out = torch.nn.functional.linear((weights @ v).transpose(1, 2).reshape(b, -1, embed_dim), proj_weight, proj_bias)
+    if not need_weights:
+        return out, out.new_empty(0)
+    return out, weights.mean(1) if average_attn_weights else weights
+
+
+def _transformer_encoder_layer(src: Any, embed_dim: int, num_heads: int, qkv_weight: Any, qkv_bias: Any, proj_weight: Any,
+                               proj_bias: Any, use_gelu: bool, norm_first: bool, eps: float, norm_weight_1: Any, norm_bias_1: Any,
+                               norm_weight_2: Any, norm_bias_2: Any, ffn_weight_1: Any, ffn_bias_1: Any, ffn_weight_2: Any,
+                               ffn_bias_2: Any, mask: Any = None, mask_type: int | None = None) -> Any:
+    """`nn.TransformerEncoderLayer`'s inference fast path (what dynamo captures in eval mode
+    without grad) as plain ops: attention and feed-forward blocks with residuals, layer norms
+    before (norm_first) or after each."""
+    import torch.nn.functional as F
+
+    def norm(x: Any, w: Any, b: Any) -> Any:
+        return F.layer_norm(x, (embed_dim,), w, b, eps)
+
+    h = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = src + _native_multi_head_attention(h, h, h, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+                                           False, True, mask_type)[0]
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    h = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
+    h = F.linear(h, ffn_weight_1, ffn_bias_1)
+    h = F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2)
+    x = x + h
+    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
+
+
 def _decompositions() -> dict:
     """torch-mlir's table plus ours (cumsum, sort and topk, group norm, nearest upsampling,
-    empty_strided)."""
+    empty_strided, the fused inference paths of `nn.MultiheadAttention` and
+    `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -132,6 +191,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.topk.default] = _topk
     table[torch.ops.aten.native_group_norm.default] = _group_norm
+    table[torch.ops.aten._native_multi_head_attention.default] = _native_multi_head_attention
+    table[torch.ops.aten._transformer_encoder_layer_fwd.default] = _transformer_encoder_layer
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
         table[op.vec] = _upsample_nearest
     return table
@@ -262,6 +323,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
+    _views_as_reshapes(ep)
     try:
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
@@ -274,6 +336,22 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         os.unlink(path)
         raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
     return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints), Binding()
+
+
+def _views_as_reshapes(ep: Any) -> None:
+    """`view`s become `reshape`s before decomposition. The exported program is functional, so the
+    two mean the same; but re-tracing it with symbolic sizes can give a tensor strides that
+    `view` rejects where the first trace saw a contiguous one (GPT-2's attention output: its
+    `.contiguous()` was a no-op then and is gone), while `reshape` copies where it must."""
+    import torch
+
+    changed = False
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
 
 
 def _restore_list_values(graph: Any) -> None:
@@ -293,6 +371,9 @@ def import_torch(source: Source) -> Imported:
     become parameters, `_ParameterHooks`) to StableHLO."""
     import torch
     import torch_mlir.fx as fx
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_dialect
+    from torch_mlir.extras.fx_importer import FxImporter
 
     from ..bounded_dynamism.signature import signature_from_function
 
@@ -303,11 +384,17 @@ def import_torch(source: Source) -> Imported:
     _restore_list_values(ep.graph)
     # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look
     ep.state_dict.update({name: ep.constants[name] for name in ep.graph_signature.non_persistent_buffers if name in ep.constants})
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    diagnostics: list[str] = []  # torch-mlir's conversion errors name the op: kept for our error, not printed
+    context.attach_diagnostic_handler(lambda d: diagnostics.append(d.message) or True)
+    hooks = _ParameterHooks()
     try:
-        hooks = _ParameterHooks()
-        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={}, hooks=hooks)  # decomposed by the caller
+        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={},  # decomposed by the caller
+                                    fx_importer=FxImporter(context=context, hooks=hooks))
     except Exception as e:
-        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {e}") from None
+        details = "".join(f"\n  {m}" for m in dict.fromkeys(diagnostics))
+        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {str(e).strip()}{details}") from None
     module = parse_stablehlo(str(mlir))
     with module.context:
         entry = find_entry(module)
@@ -319,12 +406,14 @@ def import_torch(source: Source) -> Imported:
 register_frontend(_is_torch, _export_torch, "torch", import_torch)
 
 
-def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
+def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[list, list], tuple]]:
     """An ATen-level FX graph (AOTAutograd's, under dynamo) as an exported program for the
-    compiler worker. Dynamic sizes arrive as separate integer inputs; the exported function takes
-    the tensors only and reads each size from the tensor dim that carries the same symbol. Its
-    example tensors have the fake ones' sizes (their hints); dims that carry one symbol share one
-    `Dim`, derived ones are left to torch.export."""
+    compiler worker, and how to assemble the graph's outputs from the compiled results and the
+    input tensors. Dynamic sizes arrive as separate integer inputs; the exported function takes
+    the tensors only and reads each size from the tensor dim that carries the same symbol. It
+    returns the tensor outputs only: sizes the graph returns are computed from the inputs' dims.
+    Its example tensors have the fake ones' sizes (their hints) and every dim dynamo made symbolic
+    is `Dim.AUTO`: torch.export finds their relations and ranges (the guards dynamo holds) again."""
     import torch
 
     tensors = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
@@ -341,6 +430,33 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
             layout.append(where[str(x.node.expr)])
         else:
             raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
+    # decompositions leave prims' views (squeeze.dim -> prims.squeeze); re-exporting them fails
+    # (functionalization takes no aliasing op outside ATen): their ATen forms, the same computation
+    aten_views = {torch.ops.prims.squeeze.default: torch.ops.aten.squeeze.dims, torch.ops.prims.view_of.default: torch.ops.aten.alias.default,
+                  torch.ops.prims.transpose.default: torch.ops.aten.permute.default}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in aten_views:
+            node.target = aten_views[node.target]
+    gm.recompile()
+    outputs = [out.meta.get("val") if isinstance(out, torch.fx.Node) else out for out in next(iter(gm.graph.find_nodes(op="output"))).args[0]]
+    keep = [isinstance(v, torch.Tensor) for v in outputs]
+    for v in outputs:
+        missing = {str(sym) for sym in v.node.expr.free_symbols} - set(where) if isinstance(v, torch.SymInt) else set()
+        if missing or not isinstance(v, (torch.Tensor, torch.SymInt, int, float, bool, type(None))):
+            raise CompileError(f"disc_stablehlo backend: graph output {v!r} is neither a tensor nor a size of the inputs")
+
+    def assemble(results: list, inputs: list) -> tuple:
+        results_iter = iter(results)
+        out = []
+        for v, is_tensor in zip(outputs, keep):
+            if is_tensor:
+                out.append(next(results_iter))
+            elif isinstance(v, torch.SymInt):
+                env = {sym: inputs[where[str(sym)][0]].shape[where[str(sym)][1]] for sym in v.node.expr.free_symbols}
+                out.append(int(v.node.expr.xreplace(env)))
+            else:
+                out.append(v)
+        return tuple(out)
 
     class SizesFromTensors(torch.nn.Module):
         def __init__(self) -> None:
@@ -348,41 +464,56 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> Source:
             self.graph_module = gm
 
         def forward(self, *xs: Any) -> Any:
-            return self.graph_module(*[xs[e] if isinstance(e, int) else xs[e[0]].shape[e[1]] for e in layout])
+            outs = self.graph_module(*[xs[e] if isinstance(e, int) else xs[e[0]].shape[e[1]] for e in layout])
+            return tuple(o for o, is_tensor in zip(outs, keep) if is_tensor)
 
     from torch._guards import tracing
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), tracing(None):  # a fresh export with real example tensors, outside dynamo's tracing
-        dims: dict[str, Any] = {}
-        examples, dynamic = [], []
-        for i in tensors:
-            x = example_inputs[i]
-            examples.append(torch.zeros([int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in x.shape], dtype=x.dtype))
-            spec = {}
-            for d, size in enumerate(x.shape):
-                if isinstance(size, torch.SymInt):
-                    expr = str(size.node.expr)
-                    spec[d] = dims.setdefault(expr, torch.export.Dim(f"d{len(dims)}")) if expr.isidentifier() else torch.export.Dim.AUTO
-            dynamic.append(spec or None)
-        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0]
+        examples = [torch.zeros([int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape],
+                                dtype=example_inputs[i].dtype) for i in tensors]
+        dynamic = [{d: torch.export.Dim.AUTO for d, size in enumerate(example_inputs[i].shape) if isinstance(size, torch.SymInt)} or None
+                   for i in tensors]
+        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0], assemble
+
+
+def _failing_op(error: Exception) -> str:
+    """The op an error names: torch-mlir's unconverted `torch.aten.*` operator, or the op our own
+    error messages start with."""
+    text = str(error)
+    found = re.search(r'name = "torch\.(aten\.[\w.]+)"', text) or re.search(r"\b((?:aten|stablehlo|chlo)\.[A-Za-z_][\w.]*)", text)
+    return f"'{found.group(1)}'" if found else "an op"
 
 
 def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     """`torch.compile(model, backend="disc_stablehlo", dynamic=True)`: AOTAutograd lowers each
-    captured graph to ATen and each is compiled once for its symbolic sizes (graph breaks run in
-    PyTorch, as with every backend). Registered through the `torch_dynamo_backends` entry point."""
+    captured graph to ATen with torch's core decompositions plus ours (the fused inference paths
+    of `nn` modules among them), and each is compiled once for its symbolic sizes (graph breaks
+    run in PyTorch, as with every backend). A graph that still holds an op the compiler cannot
+    take runs in PyTorch, with one warning naming the op. Registered through the
+    `torch_dynamo_backends` entry point."""
+    import warnings
+
     import torch
     from torch._dynamo.backends.common import aot_autograd
 
     from ..compiler import compile_source
+    from ..errors import DiscError
 
     def forward_compiler(graph: Any, inputs: list) -> Any:
-        compiled = compile_source(_from_fx_graph(graph, inputs), Binding())
+        try:
+            source, assemble = _from_fx_graph(graph, inputs)
+            compiled = compile_source(source, Binding())
+        except DiscError as e:
+            warnings.warn(f"disc_stablehlo: a captured graph runs in PyTorch: it holds {_failing_op(e)}, which could not be "
+                          f"compiled ({type(e).__name__}: {str(e).splitlines()[0][:300]})", stacklevel=2)
+            return graph
 
         def run(*args):
-            out = compiled(*[a for a in args if isinstance(a, torch.Tensor)])
-            return out if isinstance(out, tuple) else (out,)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            out = compiled(*tensors)
+            return assemble(list(out) if isinstance(out, tuple) else [out], tensors)
         run.disc_compiled = compiled
         return run
     return aot_autograd(fw_compiler=forward_compiler, decompositions=_decompositions())(gm, example_inputs)

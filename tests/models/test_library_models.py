@@ -1,0 +1,182 @@
+"""Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
+rotary embeddings and RMSNorm) and `torchvision` (a ResNet, a ViT), at small configs with random
+weights: each compiled once with dynamic dims through `disc.compile` (torch.export) and through
+the dynamo backend, and checked against eager at three shapes including batch 1."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the model tests need torch (pip install disc_stablehlo[test])")
+from torch.export import Dim  # noqa: E402
+
+import disc_stablehlo as disc  # noqa: E402
+
+_declared = []
+
+
+def _declare_torchvision_ops() -> None:
+    """torchvision's PyPI wheels are built against CUDA torch: with the CPU build (what this
+    machine's pip gives) its native library does not load, and `import torchvision` (which
+    `transformers` does too) fails registering fake kernels for `nms`/`qnms`. Declaring those two
+    schemas, with no kernel, lets its pure-Python models import; they use no native op."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        return
+    try:
+        torch.ops.load_library(os.path.join(os.path.dirname(spec.origin), "_C.so"))
+    except (OSError, RuntimeError):
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _declared.append(lib)
+
+
+_declare_torchvision_ops()
+
+transformers = pytest.importorskip("transformers", reason="the model tests need transformers (pip install disc_stablehlo[test])")
+torchvision = pytest.importorskip("torchvision", reason="the model tests need torchvision (pip install disc_stablehlo[test])")
+
+VOCAB = 512
+TOL = dict(rtol=1e-4, atol=2e-5)
+
+
+class LastHiddenState(torch.nn.Module):
+    """A text model called with ids and a padding mask, returning its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def _text(kind: str) -> torch.nn.Module:
+    T = transformers
+    common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "bert":
+        model = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                         max_position_embeddings=128, **common))
+    elif kind == "gpt2":
+        model = T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False, **common))
+    else:  # LLaMA-style: GQA (4 query heads over 2 key/value heads), rotary positions, RMSNorm, SiLU-gated MLP
+        model = T.LlamaModel(T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                           intermediate_size=64, max_position_embeddings=128, use_cache=False, **common))
+    return LastHiddenState(model.eval()).eval()
+
+
+def _text_inputs(b: int, s: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (b, s), generator=g)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[0, s - min(2, s - 1):] = 0  # the first row is padded at the end
+    return ids, mask
+
+
+def _vision(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "resnet":
+        model = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+    else:
+        model = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                                                     mlp_dim=64, num_classes=10)
+        torch.nn.init.normal_(model.heads.head.weight)  # torchvision starts the head at zero: the output would be the bias
+    return model.eval()
+
+
+TEXT = ("bert", "gpt2", "llama")
+TEXT_SHAPES = [(1, 5), (3, 17), (2, 40)]
+VISION_SHAPES = {"resnet": [(1, 64, 64), (3, 96, 80), (2, 128, 112)], "vit": [(1, 32, 32), (3, 32, 32), (4, 32, 32)]}
+
+
+def _check(compiled, model, inputs) -> None:
+    with torch.no_grad():
+        want = model(*inputs)
+    torch.testing.assert_close(compiled(*inputs), want, **TOL)
+
+
+@pytest.mark.parametrize("kind", TEXT)
+def test_text_model_compiled_once(kind):
+    torch.manual_seed(0)
+    model = _text(kind)
+    b, s = Dim("batch", max=32), Dim("seq", max=128)
+    compiled = disc.compile(model, _text_inputs(2, 8, 0), dynamic_shapes={"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}})
+    for i, (bb, ss) in enumerate(TEXT_SHAPES):
+        _check(compiled, model, _text_inputs(bb, ss, i))
+    assert compiled.compile_count == 1
+    assert compiled.signature.args[0].shape == ("batch", "seq")
+    with pytest.raises(disc.ShapeError, match="seq"):
+        compiled(*_text_inputs(1, 129, 0))  # past the position table: rejected before any kernel runs
+
+
+@pytest.mark.parametrize("kind", ["resnet", "vit"])
+def test_vision_model_compiled_once(kind):
+    model = _vision(kind)
+    if kind == "resnet":  # any image of 64..512 pixels a side (smaller ones pool to 1x1 before the average pool)
+        dims = {0: Dim("batch", max=32), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}
+    else:  # a ViT's position table fixes the image size
+        dims = {0: Dim("batch", max=32)}
+    example = torch.randn(2, 3, *VISION_SHAPES[kind][1][1:])
+    compiled = disc.compile(model, (example,), dynamic_shapes={"x": dims})
+    g = torch.Generator().manual_seed(1)
+    for b, h, w in VISION_SHAPES[kind]:
+        _check(compiled, model, (torch.randn(b, 3, h, w, generator=g),))
+    assert compiled.compile_count == 1
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit"])
+def test_model_through_the_dynamo_backend(kind):
+    torch._dynamo.reset()
+    if kind in TEXT:
+        model = _text(kind)
+        inputs = [_text_inputs(b, s, i) for i, (b, s) in enumerate(TEXT_SHAPES)]
+    else:
+        model = _vision(kind)
+        g = torch.Generator().manual_seed(2)
+        inputs = [(torch.randn(b, 3, h, w, generator=g),) for b, h, w in VISION_SHAPES[kind]]
+    fast = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no graph may fall back to PyTorch
+        warnings.filterwarnings("ignore", message=".*(TypedStorage|not registered as a buffer|dynamo_pgo).*")
+        for args in inputs:
+            _check(fast, model, args)
+
+
+def test_transformer_encoder_fast_path_under_dynamo():
+    """In eval mode without grad, `nn.TransformerEncoderLayer` runs its fused kernel
+    (`aten._transformer_encoder_layer_fwd`), which dynamo captures as one op: decomposed."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    for norm_first, activation in [(False, "relu"), (True, "gelu")]:
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first, activation=activation).eval()
+        fast = torch.compile(layer, backend="disc_stablehlo", dynamic=True)
+        for b, s in [(2, 5), (3, 9)]:
+            x = torch.randn(b, s, 32)
+            pad = torch.zeros(b, s, dtype=torch.bool)
+            pad[0, -2:] = True
+            with torch.no_grad():
+                torch.testing.assert_close(fast(x, src_key_padding_mask=pad), layer(x, src_key_padding_mask=pad), **TOL)
+                torch.testing.assert_close(fast(x), layer(x), **TOL)
+
+
+def test_a_graph_the_compiler_cannot_take_runs_in_pytorch_with_one_warning():
+    torch._dynamo.reset()
+
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x.sin(), dim=-1).abs() + 1
+
+    model = Spectrum()
+    fast = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (3, 5):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(fast(x), model(x))
+    ours = [str(w.message) for w in caught if "disc_stablehlo" in str(w.message)]
+    assert len(ours) == 1 and "aten._fft_r2c" in ours[0] and "runs in PyTorch" in ours[0], ours
