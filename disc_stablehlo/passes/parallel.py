@@ -14,7 +14,7 @@ import dataclasses
 from torch_mlir import ir
 
 from ..artifact import Kernel
-from ..mlir_support import defined_outside, facts_relied_on, is_inside, nested_in, new_private_function, operation, walk
+from ..mlir_support import defined_outside, facts_relied_on, nested_in, new_private_function, operation, walk
 from .epilogues import gemm_callee, gemm_of
 from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, loop_bounds
 from .lower import LoweringState, clone_captured_constants
@@ -165,13 +165,13 @@ def _move_into_function(op: ir.Operation, name: str, captured: list[ir.Value], m
     dims = len(op.regions[0].blocks[0].arguments)
     op.operands[0] = block.arguments[0]
     op.operands[dims] = block.arguments[1]
-    for v, arg in zip(captured, list(block.arguments)[2:]):
-        if not isinstance(v.owner, ir.Block) and operation(v.owner).name == "arith.constant":
-            continue  # rebuilt in the kernel below: LLVM must see constant steps and bounds to vectorise
-        for use in list(v.uses):
-            owner = operation(use.owner)
-            if is_inside(owner, func):
-                owner.operands[use.operand_number] = arg
+    # constants are rebuilt in the kernel below: LLVM must see constant steps and bounds to vectorise
+    replace = {v: arg for v, arg in zip(captured, list(block.arguments)[2:])
+               if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.constant"}
+    for inner in walk(op):  # the kernel's own ops: a captured value's other uses may be everywhere
+        for i, v in enumerate(inner.operands):
+            if v in replace:
+                inner.operands[i] = replace[v]
     clone_captured_constants(func, block)
     return func
 
