@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
-from models import encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
+from encoder import encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
 
 SHAPES = [(1, 7), (1, 32), (2, 64), (3, 500), (4, 128), (8, 128), (1, 1), (16, 256), (5, 33), (12, 77), (2, 200), (8, 16)]
 

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import disc_stablehlo as disc  # noqa: E402
 from encoder_trace import make_trace  # noqa: E402
-from models import encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
+from encoder import encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
 
 
 def peaks(f, trace, params) -> list[int]:

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
-from models import HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs, torch_encoder  # noqa: E402
+from encoder import HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs, torch_encoder  # noqa: E402
 
 STEADY_SHAPES = [(1, 32), (8, 128), (16, 256)]
 THREADS = 2

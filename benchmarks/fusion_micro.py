@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import disc_stablehlo as disc  # noqa: E402
 from disc_stablehlo.passes import pipeline  # noqa: E402
-from models import FFN, HEADS, HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
+from encoder import FFN, HEADS, HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
 
 SHAPES = [(64, 256), (1024, 1024), (4096, 4096)]
 

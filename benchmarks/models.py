@@ -1,90 +1,198 @@
-"""Models shared by the demo and the benchmarks: a BERT-like encoder layer in JAX
-(hidden 256, 4 heads, FFN 1024, layer norm, GELU, softmax attention with an additive mask)."""
+"""Real models from transformers and torchvision, random weights from their configs: BERT-base,
+GPT-2 small, a LLaMA-style 4-layer decoder, ResNet-50 and MobileNetV3-Large. Per model, side by
+side in one process with the same threads and the same torch tensors as inputs:
+
+- disc_stablehlo: `disc.compile` once with dynamic batch and sequence / image size;
+- torch eager;
+- torch.compile(dynamic=True) (inductor).
+
+For every peer the same treatment: its first call at each shape is timed and reported ("first
+calls", compilation included: disc_stablehlo's `disc.compile` is counted there too), then the
+median of --reps calls per shape, the shapes taken round robin. Writes benchmarks/models.json (a
+run of some models replaces their rows) and benchmarks/models.png.
+
+    python benchmarks/models.py [--models bert,gpt2,llama,resnet50,mobilenet] [--reps 5]
+"""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
 
-HIDDEN, HEADS, FFN = 256, 4, 1024
+THREADS = 2
+os.environ.setdefault("DISC_NUM_THREADS", str(THREADS))
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # torch.compile compiles here, as disc_stablehlo does
 
+import torch  # noqa: E402
+from torch.export import Dim  # noqa: E402
 
-def encoder_params(seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+import disc_stablehlo as disc  # noqa: E402
 
-    def w(*shape):
-        return (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
-
-    def b(n):
-        return (0.02 * rng.standard_normal(n)).astype(np.float32)
-
-    return {"wq": w(HIDDEN, HIDDEN), "bq": b(HIDDEN), "wk": w(HIDDEN, HIDDEN), "bk": b(HIDDEN),
-            "wv": w(HIDDEN, HIDDEN), "bv": b(HIDDEN), "wo": w(HIDDEN, HIDDEN), "bo": b(HIDDEN),
-            "ln1_g": np.ones(HIDDEN, np.float32), "ln1_b": np.zeros(HIDDEN, np.float32),
-            "w1": w(HIDDEN, FFN), "b1": b(FFN), "w2": w(FFN, HIDDEN), "b2": b(HIDDEN),
-            "ln2_g": np.ones(HIDDEN, np.float32), "ln2_b": np.zeros(HIDDEN, np.float32)}
+torch.set_num_threads(THREADS)
 
 
-def _layer_norm(x, g, b, eps=1e-5):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * g + b
+@functools.cache
+def _torchvision():
+    """torchvision's PyPI wheels are built against CUDA torch; with the CPU build its native ops
+    do not load and its import fails registering two fake kernels: declared here (no kernel;
+    the models use no native op)."""
+    spec = importlib.util.find_spec("torchvision")
+    try:
+        torch.ops.load_library(os.path.join(os.path.dirname(spec.origin), "_C.so"))
+    except (OSError, RuntimeError):
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _torchvision.lib = lib  # kept: the declarations live as long as the library object
+    import torchvision
+
+    return torchvision
 
 
-def encoder_layer(x, mask, p):
-    """x: [batch, seq, HIDDEN]; mask: [batch, seq] additive (0 keep, -1e9 drop)."""
-    bsz, seq = x.shape[0], x.shape[1]
-    dh = HIDDEN // HEADS
+class LastHiddenState(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
 
-    def heads(t):
-        return t.reshape(bsz, seq, HEADS, dh).transpose(0, 2, 1, 3)
-
-    q, k, v = (heads(x @ p[f"w{n}"] + p[f"b{n}"]) for n in "qkv")
-    scores = q @ k.transpose(0, 1, 3, 2) / np.float32(np.sqrt(dh)) + mask[:, None, None, :]
-    ctx = jax.nn.softmax(scores, axis=-1) @ v
-    attn = ctx.transpose(0, 2, 1, 3).reshape(bsz, seq, HIDDEN) @ p["wo"] + p["bo"]
-    h = _layer_norm(x + attn, p["ln1_g"], p["ln1_b"])
-    ff = jax.nn.gelu(h @ p["w1"] + p["b1"], approximate=False) @ p["w2"] + p["b2"]
-    return _layer_norm(h + ff, p["ln2_g"], p["ln2_b"])
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def encoder_specs(params):
-    """Argument specs with symbolic batch and sequence (weights static)."""
-    from jax import export
+def text_model(name: str):
+    _torchvision()  # transformers imports it
+    import transformers as T
 
-    b, s = export.symbolic_shape("batch, seq")
-    return (jax.ShapeDtypeStruct((b, s, HIDDEN), jnp.float32), jax.ShapeDtypeStruct((b, s), jnp.float32),
-            {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()})
+    if name == "bert":
+        model = T.BertModel(T.BertConfig())
+    elif name == "gpt2":
+        model = T.GPT2Model(T.GPT2Config(use_cache=False))
+    else:
+        model = T.LlamaModel(T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                           num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, use_cache=False))
+    model = LastHiddenState(model.eval()).eval()
+    vocab = model.model.config.vocab_size
+
+    def inputs(b: int, s: int):
+        g = torch.Generator().manual_seed(b * 1000 + s)
+        mask = torch.ones(b, s, dtype=torch.long)
+        mask[0, -min(4, s - 1):] = 0
+        return torch.randint(0, vocab, (b, s), generator=g), mask
+
+    batch, seq = Dim("batch", max=64), Dim("seq", max=512)
+    compile_args = (inputs(2, 16), {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}})
+    return model, inputs, [(1, 32), (4, 128), (8, 256)], compile_args
 
 
-def encoder_inputs(batch: int, seq: int, seed: int = 1):
-    rng = np.random.default_rng(seed + 7919 * batch + seq)
-    x = rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32)
-    mask = np.where(rng.random((batch, seq)) < 0.1, -1e9, 0.0).astype(np.float32)
-    return x, mask
+def vision_model(name: str):
+    tv = _torchvision()
+    model = (tv.models.resnet50() if name == "resnet50" else tv.models.mobilenet_v3_large()).eval()
+
+    def inputs(b: int, s: int):
+        return (torch.randn(b, 3, s, s, generator=torch.Generator().manual_seed(b * 1000 + s)),)
+
+    dims = {0: Dim("batch", max=64), 2: Dim("h", min=64, max=1024), 3: Dim("w", min=64, max=1024)}
+    return model, inputs, [(1, 224), (4, 224), (2, 320)], (inputs(2, 224), {"x": dims})
 
 
-def torch_encoder(params):
-    """The same layer in PyTorch over the same weights (for the torch eager / torch.compile peers)."""
-    import torch
+MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "resnet50": vision_model, "mobilenet": vision_model}
+LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "resnet50": "ResNet-50", "mobilenet": "MobileNetV3-L"}
 
-    t = {k: torch.from_numpy(v) for k, v in params.items()}
-    dh = HIDDEN // HEADS
 
-    class Encoder(torch.nn.Module):
-        def forward(self, x, mask):
-            b, s, _ = x.shape
+def measure(name: str, reps: int) -> dict:
+    model, inputs, shapes, (example, dynamic_shapes) = MODELS[name](name)
+    data = {name_: inputs(*shape) for name_, shape in zip(map(str, shapes), shapes)}
+    peers = {}
 
-            def heads(u):
-                return u.reshape(b, s, HEADS, dh).transpose(1, 2)
+    t0 = time.perf_counter()
+    compiled = disc.compile(model, example, dynamic_shapes=dynamic_shapes)
+    disc_compile = time.perf_counter() - t0
+    peers["disc_stablehlo"] = compiled
+    peers["torch eager"] = model
+    peers["torch.compile"] = torch.compile(model, dynamic=True)
 
-            q, k, v = (heads(x @ t[f"w{n}"] + t[f"b{n}"]) for n in "qkv")
-            scores = q @ k.transpose(-1, -2) / float(np.sqrt(dh)) + mask[:, None, None, :]
-            ctx = torch.softmax(scores, dim=-1) @ v
-            attn = ctx.transpose(1, 2).reshape(b, s, HIDDEN) @ t["wo"] + t["bo"]
-            h = torch.nn.functional.layer_norm(x + attn, (HIDDEN,), t["ln1_g"], t["ln1_b"], eps=1e-5)
-            ff = torch.nn.functional.gelu(h @ t["w1"] + t["b1"]) @ t["w2"] + t["b2"]
-            return torch.nn.functional.layer_norm(h + ff, (HIDDEN,), t["ln2_g"], t["ln2_b"], eps=1e-5)
+    result = {"model": LABELS[name], "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
+              "disc_compile_s": disc_compile, "kernels": len({k.name for k in compiled.kernels}),
+              "first_calls_s": {}, "median_ms": {}, "max_abs_diff": {}}
+    with torch.no_grad():
+        want = {k: model(*v) for k, v in data.items()}
+        for peer, fn in peers.items():
+            t0 = time.perf_counter()
+            for k, v in data.items():
+                got = fn(*v)
+                result["max_abs_diff"].setdefault(peer, 0.0)
+                result["max_abs_diff"][peer] = max(result["max_abs_diff"][peer], float((got - want[k]).abs().max()))
+            result["first_calls_s"][peer] = time.perf_counter() - t0 + (disc_compile if peer == "disc_stablehlo" else 0.0)
+        times: dict[str, dict[str, list[float]]] = {p: {k: [] for k in data} for p in peers}
+        for _ in range(reps):
+            for k, v in data.items():
+                for peer, fn in peers.items():
+                    t0 = time.perf_counter()
+                    fn(*v)
+                    times[peer][k].append(time.perf_counter() - t0)
+    result["median_ms"] = {p: {k: statistics.median(ts) * 1e3 for k, ts in per.items()} for p, per in times.items()}
+    result["load_1min"] = os.getloadavg()[0]
+    return result
 
-    return Encoder().eval()
+
+def report(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"\n{r['model']} ({r['params_M']:.0f}M parameters; disc_stablehlo: compile {r['disc_compile_s']:.1f} s, "
+              f"{r['kernels']} distinct kernels; load average {r['load_1min']:.2f})")
+        shapes = list(next(iter(r["median_ms"].values())))
+        print(f"{'peer':<16}{'first calls s':>14}" + "".join(f"{s:>16}" for s in shapes) + f"{'max |diff|':>12}")
+        for peer, per in r["median_ms"].items():
+            print(f"{peer:<16}{r['first_calls_s'][peer]:>14.1f}" + "".join(f"{per[s]:>13.1f} ms" for s in shapes)
+                  + f"{r['max_abs_diff'][peer]:>12.1e}")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        shapes = list(next(iter(r["median_ms"].values())))
+        eager = r["median_ms"]["torch eager"]
+        for i, (peer, per) in enumerate(r["median_ms"].items()):
+            ax.bar([j + 0.27 * (i - 1) for j in range(len(shapes))], [eager[s] / per[s] for s in shapes], 0.27, label=peer)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(range(len(shapes)), shapes, fontsize=7)
+        ax.set_title(r["model"], fontsize=9)
+        ax.set_ylabel("speed vs torch eager (x)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
+    ap.add_argument("--reps", type=int, default=5)
+    ns = ap.parse_args()
+    here = os.path.dirname(os.path.abspath(__file__))
+    print(f"{os.cpu_count()} cores, {THREADS} threads per peer, torch {torch.__version__}", flush=True)
+    rows = []
+    for name in ns.models.split(","):
+        rows.append(measure(name, ns.reps))
+        report(rows[-1:])
+        sys.stdout.flush()
+    # a run of some models replaces their rows and keeps the others' (each row: its peers side by side, one run)
+    path = os.path.join(here, "models.json")
+    kept = json.load(open(path))["rows"] if os.path.exists(path) else []
+    measured = {r["model"] for r in rows}
+    rows = sorted([r for r in kept if r["model"] not in measured] + rows, key=lambda r: list(LABELS.values()).index(r["model"]))
+    with open(path, "w") as f:
+        json.dump({"threads": THREADS, "rows": rows}, f, indent=1)
+    plot(rows, os.path.join(here, "models.png"))
+
+
+if __name__ == "__main__":
+    main()

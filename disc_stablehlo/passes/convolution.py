@@ -1,8 +1,15 @@
-"""Convolutions with dynamic dims (the upstream conversion takes only a dynamic batch, and only in
-the [b, spatial..., f] layout). One lowering for every layout: the input is padded (lhs dilation
-becomes interior padding), then one linalg.generic whose affine maps encode the layout, window
-strides, rhs dilation, window reversal and feature groups reduces over the window and the
-input features of the output feature's group."""
+"""Convolutions, in every layout: the input is padded (lhs dilation becomes interior padding), then
+
+- ungrouped f32/f64 convolutions become a GEMM through the RAL: one linalg.generic copies the
+  windows into a patch matrix ([batch, output positions..., window dims in the kernel's memory
+  order], so the kernel is its other operand as it is stored, never copied), a `dot_general`
+  multiplies it with the kernel (the BLAS rewrite takes it), and the product is transposed into
+  the output layout (written in place by the GEMM);
+- the others (grouped and depthwise convolutions, integer types, window reversal) are one
+  linalg.generic whose affine maps encode the layout, window strides, rhs dilation, window
+  reversal and feature groups, reducing over the window and the input features of the output
+  feature's group (the upstream conversion takes only a dynamic batch, and only in the
+  [b, spatial..., f] layout)."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad
+from .library_calls import GEMM_ELEMENT_TYPES
 from .lower import Text, register_template
 
 
@@ -19,7 +27,16 @@ def _is_dynamic(op: ir.Operation) -> bool:
     return any(not ir.RankedTensorType(v.type).has_static_shape for v in [*op.operands, op.result])
 
 
-@register_template("stablehlo.convolution", when=_is_dynamic)
+def _as_gemm(op: ir.Operation) -> bool:
+    """Ungrouped, unreversed, float convolutions of one element type (what the BLAS takes)."""
+    types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}
+    reversed_window = "window_reversal" in op.attributes and any(ir.DenseBoolArrayAttr(op.attributes["window_reversal"]))
+    return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys() and not reversed_window
+            and ir.IntegerAttr(op.attributes["feature_group_count"]).value == 1
+            and ir.IntegerAttr(op.attributes["batch_group_count"]).value == 1)
+
+
+@register_template("stablehlo.convolution", when=lambda op: _as_gemm(op) or _is_dynamic(op))
 def _convolution(op, t: Text, state):
     dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.operands[1], op.result))
@@ -62,6 +79,8 @@ def _convolution(op, t: Text, state):
             reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
             steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
+    if _as_gemm(op):
+        return [_gemm(t, op, dn, padded, padded_type, out_dims, strides, rhs_dil, elem)]
     # iteration space: output dims d0..d{R-1}, then window dims, then the group's input features
     rank = out_t.rank
     win = [f"d{rank + s}" for s in range(n)]
@@ -89,3 +108,45 @@ def _convolution(op, t: Text, state):
            f"^bb0(%x: {elem}, %w: {elem}, %acc: {elem}):\n  %xw = {mul} %x, %w : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
            f"  linalg.yield %sum : {elem}\n}} -> {op.result.type}")
     return [name]
+
+
+def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims: list[str], strides: list[int],
+          rhs_dil: list[int], elem: str) -> str:
+    """The convolution as patch matrix x kernel (see the module's docstring)."""
+    rhs_t, out_t = ir.RankedTensorType(op.operands[1].type), ir.RankedTensorType(op.result.type)
+    n = len(dn.input_spatial_dimensions)
+    window = sorted(d for d in range(rhs_t.rank) if d != dn.kernel_output_feature_dimension)  # kernel memory order
+    # patches[b, o_0..o_{n-1}, k...]: iteration dims d0 (batch), d1..dn (output positions), then one per window dim
+    lhs = [""] * (n + 2)
+    lhs[dn.input_batch_dimension] = "d0"
+    for j, kd in enumerate(window):
+        it = f"d{n + 1 + j}"
+        if kd == dn.kernel_input_feature_dimension:
+            lhs[dn.input_feature_dimension] = it
+        else:
+            s = list(dn.kernel_spatial_dimensions).index(kd)
+            lhs[dn.input_spatial_dimensions[s]] = f"d{1 + s} * {strides[s]} + {it} * {rhs_dil[s]}"
+    rank = n + 1 + len(window)
+    all_dims = ", ".join(f"d{i}" for i in range(rank))
+    rows = [out_dims[dn.output_batch_dimension]] + [out_dims[d] for d in dn.output_spatial_dimensions]
+    row_static = [out_t.shape[dn.output_batch_dimension] if not out_t.is_dynamic_dim(dn.output_batch_dimension) else None] + [
+        out_t.shape[d] if not out_t.is_dynamic_dim(d) else None for d in dn.output_spatial_dimensions]
+    shape = ["?" if s is None else str(s) for s in row_static] + [str(rhs_t.shape[d]) for d in window]
+    patches_type = f"tensor<{'x'.join(shape)}x{elem}>"
+    empty = t(f"tensor.empty({', '.join(r for r, s in zip(rows, row_static) if s is None)}) : {patches_type}")
+    patches = t.fresh("patches")
+    parallel = ", ".join(['"parallel"'] * rank)
+    t.emit(f"{patches} = linalg.generic {{indexing_maps = [affine_map<({all_dims}) -> ({', '.join(lhs)})>, "
+           f"affine_map<({all_dims}) -> ({all_dims})>], iterator_types = [{parallel}]}} "
+           f"ins({padded} : {padded_type}) outs({empty} : {patches_type}) {{\n"
+           f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {patches_type}")
+    # [b, o..., out features], then into the output's layout
+    product_dims = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
+    product_type = f"tensor<{'x'.join('?' if out_t.is_dynamic_dim(d) else str(out_t.shape[d]) for d in product_dims)}x{elem}>"
+    contracting = ", ".join(str(d) for d in range(n + 1, rank))
+    product = t(f"stablehlo.dot_general {patches}, %a1, contracting_dims = [{contracting}] x [{', '.join(map(str, window))}] "
+                f": ({patches_type}, {rhs_t}) -> {product_type}")
+    perm = [product_dims.index(d) for d in range(out_t.rank)]
+    if perm == sorted(perm):
+        return t(f"tensor.cast {product} : {product_type} to {out_t}") if product_type != str(out_t) else product
+    return t(f"stablehlo.transpose {product}, dims = [{', '.join(map(str, perm))}] : ({product_type}) -> {out_t}")
