@@ -323,7 +323,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
-    _views_as_reshapes(ep)
+    _decomposable_forms(ep)
     try:
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
@@ -338,17 +338,24 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints), Binding()
 
 
-def _views_as_reshapes(ep: Any) -> None:
-    """`view`s become `reshape`s before decomposition. The exported program is functional, so the
-    two mean the same; but re-tracing it with symbolic sizes can give a tensor strides that
-    `view` rejects where the first trace saw a contiguous one (GPT-2's attention output: its
-    `.contiguous()` was a no-op then and is gone), while `reshape` copies where it must."""
+def _decomposable_forms(ep: Any) -> None:
+    """Ops whose exported form decomposition cannot take, replaced by ATen ops computing the same
+    (the exported program is functional: a view and a copy mean the same). `view` becomes
+    `reshape`: re-tracing with symbolic sizes can give a tensor strides that `view` rejects where
+    the first trace saw a contiguous one (GPT-2's attention output: its `.contiguous()` was a no-op
+    then and is gone), while `reshape` copies where it must. prims' views (which AOTAutograd's
+    decompositions leave in dynamo's graphs: squeeze.dim -> prims.squeeze) become their ATen
+    forms: functionalization takes no aliasing op outside ATen."""
     import torch
 
+    forms = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+             torch.ops.prims.squeeze.default: torch.ops.aten.squeeze.dims,
+             torch.ops.prims.view_of.default: torch.ops.aten.alias.default,
+             torch.ops.prims.transpose.default: torch.ops.aten.permute.default}
     changed = False
     for node in ep.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
-            node.target = torch.ops.aten.reshape.default
+        if node.op == "call_function" and node.target in forms:
+            node.target = forms[node.target]
             changed = True
     if changed:
         ep.graph_module.recompile()
@@ -430,14 +437,6 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[lis
             layout.append(where[str(x.node.expr)])
         else:
             raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
-    # decompositions leave prims' views (squeeze.dim -> prims.squeeze); re-exporting them fails
-    # (functionalization takes no aliasing op outside ATen): their ATen forms, the same computation
-    aten_views = {torch.ops.prims.squeeze.default: torch.ops.aten.squeeze.dims, torch.ops.prims.view_of.default: torch.ops.aten.alias.default,
-                  torch.ops.prims.transpose.default: torch.ops.aten.permute.default}
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in aten_views:
-            node.target = aten_views[node.target]
-    gm.recompile()
     outputs = [out.meta.get("val") if isinstance(out, torch.fx.Node) else out for out in next(iter(gm.graph.find_nodes(op="output"))).args[0]]
     keep = [isinstance(v, torch.Tensor) for v in outputs]
     for v in outputs:
