@@ -17,8 +17,6 @@ run of some models replaces their rows) and benchmarks/models.png.
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib.util
 import json
 import os
 import statistics
@@ -34,34 +32,17 @@ from torch.export import Dim  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
+from library_models import LastHiddenState, declare_torchvision_ops  # noqa: E402
+
 torch.set_num_threads(THREADS)
 
 
-@functools.cache
 def _torchvision():
-    """torchvision's PyPI wheels are built against CUDA torch; with the CPU build its native ops
-    do not load and its import fails registering two fake kernels: declared here (no kernel;
-    the models use no native op)."""
-    spec = importlib.util.find_spec("torchvision")
-    try:
-        torch.ops.load_library(os.path.join(os.path.dirname(spec.origin), "_C.so"))
-    except (OSError, RuntimeError):
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _torchvision.lib = lib  # kept: the declarations live as long as the library object
+    declare_torchvision_ops()
     import torchvision
 
     return torchvision
-
-
-class LastHiddenState(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def text_model(name: str):

@@ -5,8 +5,6 @@ the dynamo backend, and checked against eager at three shapes including batch 1.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import warnings
 
 import pytest
@@ -15,45 +13,15 @@ torch = pytest.importorskip("torch", reason="the model tests need torch (pip ins
 from torch.export import Dim  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
+from library_models import LastHiddenState, declare_torchvision_ops  # noqa: E402
 
-_declared = []
-
-
-def _declare_torchvision_ops() -> None:
-    """torchvision's PyPI wheels are built against CUDA torch: with the CPU build (what this
-    machine's pip gives) its native library does not load, and `import torchvision` (which
-    `transformers` does too) fails registering fake kernels for `nms`/`qnms`. Declaring those two
-    schemas, with no kernel, lets its pure-Python models import; they use no native op."""
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or spec.origin is None:
-        return
-    try:
-        torch.ops.load_library(os.path.join(os.path.dirname(spec.origin), "_C.so"))
-    except (OSError, RuntimeError):
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _declared.append(lib)
-
-
-_declare_torchvision_ops()
+declare_torchvision_ops()
 
 transformers = pytest.importorskip("transformers", reason="the model tests need transformers (pip install disc_stablehlo[test])")
 torchvision = pytest.importorskip("torchvision", reason="the model tests need torchvision (pip install disc_stablehlo[test])")
 
 VOCAB = 512
 TOL = dict(rtol=1e-4, atol=2e-5)
-
-
-class LastHiddenState(torch.nn.Module):
-    """A text model called with ids and a padding mask, returning its last hidden state."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def _text(kind: str) -> torch.nn.Module:
