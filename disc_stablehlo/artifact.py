@@ -17,6 +17,7 @@ import mmap
 import os
 import platform
 import struct
+import threading
 import zlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, BinaryIO, Iterator, Sequence
@@ -33,6 +34,9 @@ PREFIX = 64          # magic, versions, header size, file size, checksum
 ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQQ32s")
 ENTRY, GUARD = "disc_call_entry", "disc_call_guard"  # the packed entry points (docs/artifact.md)
+# constants of at least this many bytes leave the IR and become parameters; smaller ones (shapes,
+# indices, scalars, short vectors the lowerings and folds look into) stay in it
+PARAM_MIN_BYTES = 1024
 
 
 @functools.cache
@@ -91,6 +95,20 @@ def _spec(d: dict) -> ArgSpec:
     return ArgSpec(d["name"], tuple(d["shape"]), ELEMENT_TYPES[d["dtype"]])
 
 
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A parameter the compiler knows by its type only: the process that holds its bytes (the
+    caller whose PyTorch model it belongs to) writes them into the artifact (`complete`), so
+    weights are never serialised for the compiler nor copied through it."""
+    index: int            # in the weights the caller held back (`Source.weights`)
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -108,10 +126,12 @@ class Contents:
     binding: dict[str, Any] = dataclasses.field(default_factory=dict)  # how a caller's flat arguments map to the inputs
 
 
-def write(path: str, c: Contents) -> None:
-    """Writes the artifact to `path` (`replacing`)."""
+def write(path: str, c: Contents) -> list[tuple[int, int]]:
+    """Writes the artifact to `path`, except for the bytes of its `Deferred` parameters and the
+    checksum: the file is valid once `complete` has written them. Returns (index in the caller's
+    weights, offset) of each deferred parameter."""
     llvm_ir = zlib.compress(c.llvm_ir.encode(), 1)
-    params = [np.ascontiguousarray(p) for p in c.params]
+    params = [p if isinstance(p, Deferred) else np.ascontiguousarray(p) for p in c.params]
     header: dict[str, Any] = {
         "package_version": package_version(), "target": c.target, "entry": ENTRY, "guard": GUARD if c.assertions else None,
         "inputs": [_spec_json(a) for a in c.signature.args], "outputs": [_spec_json(r) for r in c.signature.results],
@@ -134,18 +154,52 @@ def write(path: str, c: Contents) -> None:
         if len(text) <= _align(size):
             break
         size = len(text)
-    end = offset
-    digest = hashlib.sha256()
-    with replacing(path) as f:
-        f.write(b"\0" * PREFIX)
-        _put(f, digest, text, PREFIX)
+    with open(path, "wb") as f:
+        f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, RAL_ABI_VERSION, len(text), offset, bytes(32)))
+        f.seek(PREFIX)
+        f.write(text)
         for blob, (at, _) in zip((c.shared_object, llvm_ir), sections.values()):
-            _put(f, digest, blob, at)
+            f.seek(at)
+            f.write(blob)
         for p, entry in zip(params, header["params"]):
-            _put(f, digest, p.reshape(-1).view(np.uint8), entry["offset"])
-        _pad(f, digest, end)
-        f.seek(0)
-        f.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, RAL_ABI_VERSION, len(text), end, digest.digest()))
+            if not isinstance(p, Deferred):
+                f.seek(entry["offset"])
+                f.write(p.reshape(-1).view(np.uint8))
+        f.truncate(offset)  # the gaps (and the deferred parameters' room until written) read as zeros
+    return [(p.index, entry["offset"]) for p, entry in zip(params, header["params"]) if isinstance(p, Deferred)]
+
+
+def complete(partial: str, path: str, fills: Sequence[tuple[np.ndarray, int]]) -> None:
+    """Makes the file `write` left at `partial` a valid artifact at `path`: writes each
+    (array, offset) of `fills` (the deferred parameters, one copy from the caller's memory) and the
+    checksum, then renames it into place (a concurrent reader sees all of it or nothing). The
+    checksum is computed beside the writes, over the deferred parameters in memory."""
+    blobs = sorted((at, np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a, at in fills)
+    try:
+        with open(partial, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
+            digest = hashlib.sha256()
+
+            def checksum() -> None:
+                view, done = memoryview(data), PREFIX
+                for at, blob in blobs:
+                    digest.update(view[done:at])
+                    digest.update(blob)
+                    done = at + len(blob)
+                digest.update(view[done:])
+                view.release()
+
+            summing = threading.Thread(target=checksum)
+            summing.start()
+            try:
+                for at, blob in blobs:
+                    os.pwrite(f.fileno(), blob, at)
+            finally:
+                summing.join()
+            data[32:PREFIX] = digest.digest()  # the prefix's last field
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 @contextlib.contextmanager
@@ -160,18 +214,6 @@ def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _pad(f: BinaryIO, digest: Any, at: int) -> None:
-    gap = b"\0" * (at - f.tell())
-    f.write(gap)
-    digest.update(gap)
-
-
-def _put(f: BinaryIO, digest: Any, data: Any, at: int) -> None:
-    _pad(f, digest, at)
-    f.write(data)
-    digest.update(data)
 
 
 @dataclasses.dataclass
@@ -207,8 +249,9 @@ class Artifact:
         return [Kernel(**{k: tuple(v) if isinstance(v, list) else v for k, v in kd.items()}) for kd in self.header["info"]["kernels"]]
 
 
-def read(path: str) -> Artifact:
-    """Maps and verifies an artifact; ArtifactError says what is wrong with a file that is not one."""
+def read(path: str, verify: bool = True) -> Artifact:
+    """Maps and verifies an artifact; ArtifactError says what is wrong with a file that is not one.
+    `verify=False` skips the checksum, for a file this process has just completed."""
     def bad(why: str) -> ArtifactError:
         return ArtifactError(f"{path}: {why}")
 
@@ -227,7 +270,7 @@ def read(path: str) -> Artifact:
         raise bad(f"artifact format version {fmt}, this runtime reads version {FORMAT_VERSION}: compile the model again")
     if file_size != size:
         raise bad(f"truncated or extended: the artifact says {file_size} bytes, the file has {size}")
-    if hashlib.sha256(memoryview(data)[PREFIX:]).digest() != checksum:
+    if verify and hashlib.sha256(memoryview(data)[PREFIX:]).digest() != checksum:
         raise bad("corrupted: the checksum does not match the contents")
     if abi != RAL_ABI_VERSION:
         raise bad(f"linked against RAL ABI version {abi}, this runtime has version {RAL_ABI_VERSION}: compile the model again")

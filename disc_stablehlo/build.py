@@ -21,9 +21,10 @@ from .targets.x86 import emit_objects, link_shared_object
 
 
 def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str,
-                   binding: dict[str, Any]) -> None:
-    """Compiles the imported module and writes its artifact to `path` (`binding`: how the caller's
-    flat arguments map to the inputs, kept for `disc.load`)."""
+                   binding: dict[str, Any]) -> list[tuple[int, int]]:
+    """Compiles the imported module and writes its artifact to `path`, for the caller to complete
+    (`artifact.write`; returns what that returns). `binding`: how the caller's flat arguments map
+    to the inputs, kept for `disc.load`."""
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
@@ -46,7 +47,7 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
         "constraints": list(constraints),
     }
     target = {"name": tgt.name, "triple": tgt.triple, "cpu": tgt.cpu, "cpu_flags": artifact.cpu_flags_needed(tgt.features)}
-    artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
+    return artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
                                            lowered.params, info, binding))
 
 
@@ -64,17 +65,18 @@ def _op_count(module: Any) -> int:
                if len(f.regions) and len(f.regions[0].blocks))
 
 
-def cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse: bool) -> str:
+def cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse: bool, weights_digest: str) -> str:
+    """`weights_digest`: the caller's digest of the `Deferred` parameters' bytes."""
     h = hashlib.sha256()
     # without locations: JAX's record the caller's whole stack, so the same function compiled
     # from another call site (a later process, another test) would miss its entry
     for part in (imported.module.operation.get_asm(enable_debug_info=False), imported.entry, repr(imported.signature),
                  repr(imported.facts), repr(imported.checked), repr(tuple(constraints)), repr(buffer_reuse),
-                 repr(tgt), artifact.package_version()):
+                 repr(tgt), artifact.package_version(), weights_digest):
         h.update(part.encode())
         h.update(b"\0")
     for p in imported.params:  # weights the frontend keeps out of the module (torch's)
-        h.update(p.reshape(-1).view("u1"))
+        h.update(repr(p).encode() if isinstance(p, artifact.Deferred) else p.reshape(-1).view("u1"))
     h.update(_ral_digest())
     h.update(_compiler_digest())
     return h.hexdigest()[:32]

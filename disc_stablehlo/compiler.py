@@ -3,6 +3,8 @@ here as the callable a user gets."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
 import os
 import tempfile
@@ -42,8 +44,19 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
     constraints and options, the target, the package version and sources and the RAL build: a
     later process loads the artifact instead of generating code (its `compile_count` is 0).
     `progress` is told the name of each stage as it starts."""
+    if source.weights and os.environ.get("DISC_CACHE_DIR"):
+        source = dataclasses.replace(source, weights_digest=_digest(source.weights))
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        reply = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse, os.path.join(tmp, "compiled.disc"),
-                               progress)
-        art = artifact.read(reply["path"])  # mapped: the mapping outlives a temporary file
-    return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if reply["cached"] else 1)
+        path, cached = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse,
+                                      os.path.join(tmp, "compiled.disc"), progress)
+        # mapped: the mapping outlives a temporary file; one this process has just completed needs no second checksum
+        art = artifact.read(path, verify=cached)
+    return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if cached else 1)
+
+
+def _digest(arrays: Sequence[Any]) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.reshape(-1).view("u1"))
+    return h.hexdigest()

@@ -25,6 +25,7 @@ import tempfile
 import threading
 from typing import Any, BinaryIO, Callable
 
+from . import artifact
 from .errors import CompileError, DiscError
 
 # environment variables a compilation reads: sent with each request (the caller's may change)
@@ -158,16 +159,24 @@ def worker() -> Worker:
 
 
 def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
-            progress: Callable[[str], None] | None = None) -> dict:
-    """Compiles `source` into an artifact; returns {"path": ..., "cached": bool}. The artifact is
-    at `out_path`, or in DISC_CACHE_DIR when that is set. `progress` is told each stage as it starts."""
+            progress: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """Compiles `source` into an artifact; returns its path (`out_path`, or in DISC_CACHE_DIR when
+    that is set) and whether it was found there, compiled before. The worker writes the file, this
+    process completes it with the weights the source held back (`artifact.complete`). `progress`
+    is told each stage as it starts."""
     request = {"source": source, "binding": binding, "constraints": tuple(constraints), "target": target,
                "buffer_reuse": buffer_reuse, "out_path": out_path,
                "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}}
-    progress = progress or _no_progress
-    if not enabled():
-        return handle(request, progress)
-    return worker().compile(request, progress)
+    w = worker() if enabled() else None
+    try:
+        reply = w.compile(request, progress or _no_progress) if w else handle(request, progress or _no_progress)
+    finally:
+        if source.kind == "torch" and not (w and w.crashed):  # the exporter's saved program (after a crash: the reproducer)
+            os.unlink(source.payload)
+    if "partial" not in reply:
+        return reply["path"], True
+    artifact.complete(reply["partial"], reply["path"], [(source.weights[i], at) for i, at in reply["fills"]])
+    return reply["path"], False
 
 
 def _no_progress(stage: str) -> None:
@@ -175,7 +184,9 @@ def _no_progress(stage: str) -> None:
 
 
 def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
-    """Runs one compilation (in the worker, or here when the worker is disabled)."""
+    """Runs one compilation (in the worker, or here when the worker is disabled): returns the
+    artifact's path, and unless it was found in the cache, the partial file written for it and
+    where the caller's weights go (`artifact.write`)."""
     from importlib import import_module
 
     from . import mlir_support
@@ -192,11 +203,18 @@ def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
         path = request["out_path"]
         if cache:
             os.makedirs(cache, exist_ok=True)
-            path = os.path.join(cache, cache_key(imported, request["constraints"], tgt, request["buffer_reuse"]) + ".disc")
+            key = cache_key(imported, request["constraints"], tgt, request["buffer_reuse"], request["source"].weights_digest)
+            path = os.path.join(cache, key + ".disc")
             if os.path.exists(path):
-                return {"path": path, "cached": True}
-        build_artifact(imported, request["constraints"], tgt, request["buffer_reuse"], path, request["binding"])
-        return {"path": path, "cached": False}
+                return {"path": path}
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"  # beside it: renamed into place once complete
+        try:
+            fills = build_artifact(imported, request["constraints"], tgt, request["buffer_reuse"], partial, request["binding"])
+        except BaseException:
+            if os.path.exists(partial):
+                os.unlink(partial)
+            raise
+        return {"path": path, "partial": partial, "fills": fills}
     finally:
         mlir_support.stage_listener = mlir_support.ignore_stage
 

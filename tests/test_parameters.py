@@ -9,10 +9,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+import torch
 from jax import export
 
 import disc_stablehlo as disc
-from disc_stablehlo.passes.parameters import PARAM_MIN_BYTES
+from disc_stablehlo.artifact import PARAM_MIN_BYTES
 
 
 def test_a_million_element_constant_is_a_parameter():
@@ -74,3 +76,70 @@ def test_a_16x_wider_model_compiles_about_as_fast(monkeypatch):
     pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(3)]  # interleaved
     narrow, wide = min(p[0] for p in pairs), min(p[1] for p in pairs)  # wide: 256x the weights of the middle layer
     assert wide <= 1.3 * narrow, pairs
+
+
+class _Tied(torch.nn.Module):
+    """Two layers that share one weight matrix (as language models tie their embedding and output
+    layers), a buffer and a small bias."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.first = torch.nn.Linear(256, 256)
+        self.second = torch.nn.Linear(256, 256)
+        self.second.weight = self.first.weight
+        self.register_buffer("scale", torch.rand(64, 256) + 0.5)
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x))) * self.scale[: x.shape[0]]
+
+
+def _check(f, model, sizes=(1, 5)):
+    for n in sizes:
+        x = torch.randn(n, 256)
+        with torch.no_grad():
+            np.testing.assert_allclose(f(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_weights_stay_with_the_caller():
+    """The program handed to the compiler holds stand-ins, not weights: the caller writes each
+    distinct tensor into the artifact itself, once (tied weights share one parameter)."""
+    import importlib
+    import pickle
+
+    from torch.export import Dim
+
+    model = _Tied(0).eval()
+    x = torch.randn(3, 256)
+    spec = {"x": {0: Dim("b", max=64)}}
+    source, _ = importlib.import_module("disc_stablehlo.import").export(model, (x,), dynamic_shapes=spec)
+    try:
+        # the two biases, the buffer, the tied matrix once
+        assert sorted(w.nbytes for w in source.weights) == [256 * 4, 256 * 4, 64 * 256 * 4, 256 * 256 * 4]
+        assert os.path.getsize(source.payload) < 100_000  # the saved program: 2 * 256 kB of weights left out
+        assert len(pickle.dumps(source)) < 10_000         # what the worker is sent
+    finally:
+        os.unlink(source.payload)
+    f = disc.compile(model, (x,), dynamic_shapes=spec)
+    assert sorted(p.nbytes for p in f._exe.params) == [256 * 4, 256 * 4, 64 * 256 * 4, 256 * 256 * 4]
+    _check(f, model)
+    with torch.no_grad():
+        model.first.weight.mul_(2)  # the artifact holds a copy: later changes to the model do not reach it
+    with pytest.raises(AssertionError):
+        _check(f, model)
+
+
+def test_torch_compile_cache_keys_on_the_weights(tmp_path, monkeypatch):
+    """Two models of one structure with different weights are two cache entries; the same model
+    again is found."""
+    from torch.export import Dim
+
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    spec = {"x": {0: Dim("b", max=64)}}
+    x = torch.randn(3, 256)
+    a, b = _Tied(1).eval(), _Tied(2).eval()
+    fa, fa_again, fb = (disc.compile(m, (x,), dynamic_shapes=spec) for m in (a, a, b))
+    assert (fa.compile_count, fa_again.compile_count, fb.compile_count) == (1, 0, 1)
+    _check(fa_again, a)
+    _check(fb, b)
+    assert sorted(e.rsplit(".", 1)[1] for e in os.listdir(tmp_path)) == ["disc", "disc"]  # no partial file left

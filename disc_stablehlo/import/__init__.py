@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..artifact import Deferred
 from ..bounded_dynamism.signature import Dim, Signature
 from ..errors import CompileError
 from ..runtime import Binding
@@ -33,6 +34,14 @@ class Source:
     facts: tuple[str, ...] = ()    # shape constraints the frontend checks itself (JAX's), as text
     checked: tuple[str, ...] = ()  # constraints the frontend knows but does not check (torch.export's ranges)
     ops: tuple[str, ...] = ()      # TF: the graph's op names (for the message when TF's exporter leaves some)
+    # torch: the program's large tensors, held back in the caller (the saved program has stand-ins
+    # of their shape): named by `held_back`, written into the artifact by the caller (`Deferred`)
+    held_back: tuple[str, ...] = ()
+    weights: tuple[np.ndarray, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    weights_digest: str = ""       # their SHA-256, for the compile cache's key (set where one is used)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "weights": ()}  # never sent to the compiler worker
 
 
 @dataclasses.dataclass
@@ -42,7 +51,7 @@ class Imported:
     signature: Signature
     facts: tuple[str, ...] = ()
     checked: tuple[str, ...] = ()
-    params: tuple[np.ndarray, ...] = ()  # data of the entry's arguments after the signature's (weights)
+    params: tuple[np.ndarray | Deferred, ...] = ()  # the entry's arguments after the signature's (weights)
 
 
 Exporter = Callable[..., tuple[Source, Binding]]

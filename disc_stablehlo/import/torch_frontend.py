@@ -13,6 +13,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
+from ..artifact import Deferred
 from ..errors import CompileError
 from ..runtime import Binding
 from . import Imported, Source, entry_name, find_entry, parse_stablehlo, register_frontend
@@ -260,15 +261,61 @@ def _input_dims(ep: Any) -> list[tuple[int | str, ...]]:
     return dims
 
 
+def _numpy(t: Any) -> np.ndarray:
+    """A tensor's elements as a contiguous array (a view where the tensor is contiguous on the CPU)."""
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _hold_back_weights(ep: Any) -> tuple[Any, tuple[str, ...], tuple[np.ndarray, ...]]:
+    """A copy of the program with its tensors of PARAM_MIN_BYTES or more (the ones that become
+    parameters) replaced by stand-ins of their shape and type (one element, broadcast), so saving
+    it for the compiler copies no weights; the names of the replaced tensors (one per distinct tensor: tied
+    weights share a stand-in) and their data, which the caller writes into the artifact itself.
+    Bool tensors stay: the importer converts them, which a stand-in could not survive."""
+    import torch
+
+    from ..artifact import PARAM_MIN_BYTES
+
+    names: list[str] = []
+    arrays: list[np.ndarray] = []
+    stand_ins: dict[tuple, Any] = {}
+
+    def replaced(table: dict) -> dict:
+        out = dict(table)
+        for name, t in table.items():
+            if not isinstance(t, torch.Tensor) or t.dtype == torch.bool or t.numel() * t.element_size() < PARAM_MIN_BYTES:
+                continue
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, tuple(t.shape), t.stride())
+            if key not in stand_ins:
+                stand_in = torch.empty(1, dtype=t.dtype).expand(t.shape)
+                stand_ins[key] = torch.nn.Parameter(stand_in, requires_grad=False) if isinstance(t, torch.nn.Parameter) else stand_in
+                names.append(name)
+                arrays.append(_numpy(t))
+            out[name] = stand_ins[key]
+        return out
+
+    state_dict, constants = replaced(ep.state_dict), replaced(ep.constants)
+    ep = torch.export.ExportedProgram(root=ep.graph_module, graph=ep.graph, graph_signature=ep.graph_signature,
+                                      state_dict=state_dict, range_constraints=ep.range_constraints,
+                                      module_call_graph=ep.module_call_graph, example_inputs=ep.example_inputs,
+                                      constants=constants, verifiers=ep.verifiers)
+    return ep, tuple(names), tuple(arrays)
+
+
 class _ParameterHooks:
     """Makes the program's tensors (parameters, buffers, lifted constants) of PARAM_MIN_BYTES or
     more trailing arguments of `main` instead of IR literals (torch-mlir would print them into
-    the module through Python lists); their data is kept in `tensors`, in argument order."""
+    the module through Python lists). `held_back`: the data pointer of each stand-in for a tensor
+    the caller holds back (`_hold_back_weights`) -> its index there."""
 
-    def __init__(self) -> None:
+    def __init__(self, held_back: dict[int, int]) -> None:
         from torch_mlir.extras.fx_importer import FxImporterHooks
 
         self.base = FxImporterHooks()
+        self.held_back = held_back
         self.tensors: list[Any] = []
         self.args: dict[tuple, Any] = {}
 
@@ -279,12 +326,15 @@ class _ParameterHooks:
         import torch
         from torch_mlir import ir
 
-        from ..passes.parameters import PARAM_MIN_BYTES, add_parameter
+        from ..artifact import PARAM_MIN_BYTES
+        from ..passes.parameters import add_parameter
 
         if not isinstance(literal, torch.Tensor) or literal.numel() * literal.element_size() < PARAM_MIN_BYTES:
             return None
         func = gni._b.owner
         if ir.StringAttr(func.attributes["sym_name"]).value != "main":
+            if literal.data_ptr() in self.held_back:
+                raise CompileError("internal compiler error: a held-back weight is used as a literal inside a nested function")
             return None  # a higher-order op's body: a literal there
         # the tensor is kept alive below, so its address cannot be reused by another while importing
         key = (literal.data_ptr(), literal.dtype, tuple(literal.shape), tuple(literal.stride()))
@@ -293,21 +343,18 @@ class _ParameterHooks:
             self.tensors.append(literal)
         return self.args[key]
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
+    def params(self) -> tuple[np.ndarray | Deferred, ...]:
+        """Per parameter in argument order: its data, or `Deferred` where the caller holds it."""
         import torch
 
-        out = []
-        for t in self.tensors:
-            t = t.detach().cpu().contiguous()
-            if t.dtype == torch.bfloat16:
-                out.append(t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
-            else:
-                out.append(t.numpy())
-        return tuple(out)
+        return tuple(_numpy(t) if t.data_ptr() not in self.held_back else
+                     Deferred(self.held_back[t.data_ptr()], _numpy(torch.empty(0, dtype=t.dtype)).dtype, tuple(t.shape))
+                     for t in self.tensors)
 
 
 def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> tuple[Source, Binding]:
     import tempfile
+    import warnings
 
     import torch
 
@@ -328,14 +375,18 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
-    fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # the compiler removes it once read
+    ep, held_back, weights = _hold_back_weights(ep)
+    fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
     os.close(fd)
     try:
-        torch.export.save(ep, path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its note that the stand-ins (zero strides) are incomplete tensors
+            torch.export.save(ep, path)
     except Exception as e:
         os.unlink(path)
         raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
-    return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints), Binding()
+    return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints, held_back=held_back,
+                  weights=weights), Binding()
 
 
 def _decomposable_forms(ep: Any) -> None:
@@ -384,10 +435,7 @@ def import_torch(source: Source) -> Imported:
 
     from ..bounded_dynamism.signature import signature_from_function
 
-    try:
-        ep = torch.export.load(source.payload)
-    finally:
-        os.unlink(source.payload)
+    ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
     # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look
     ep.state_dict.update({name: ep.constants[name] for name in ep.graph_signature.non_persistent_buffers if name in ep.constants})
@@ -395,7 +443,8 @@ def import_torch(source: Source) -> Imported:
     torch_dialect.register_dialect(context)
     diagnostics: list[str] = []  # torch-mlir's conversion errors name the op: kept for our error, not printed
     context.attach_diagnostic_handler(lambda d: diagnostics.append(d.message) or True)
-    hooks = _ParameterHooks()
+    hooks = _ParameterHooks({(ep.state_dict.get(name) if name in ep.state_dict else ep.constants[name]).data_ptr(): i
+                              for i, name in enumerate(source.held_back)})
     try:
         mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={},  # decomposed by the caller
                                     fx_importer=FxImporter(context=context, hooks=hooks))
@@ -405,7 +454,7 @@ def import_torch(source: Source) -> Imported:
     module = parse_stablehlo(str(mlir))
     with module.context:
         entry = find_entry(module)
-        params = hooks.arrays()
+        params = hooks.params()
         sig = signature_from_function(entry, source.arg_dims, source.arg_names, len(params))
         return Imported(module, entry_name(entry), sig, checked=source.checked, params=params)
 

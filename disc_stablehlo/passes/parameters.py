@@ -10,12 +10,9 @@ import hashlib
 import numpy as np
 from torch_mlir import ir
 
+from ..artifact import PARAM_MIN_BYTES
 from ..bounded_dynamism.signature import ELEMENT_TYPES
 from ..mlir_support import function_type
-
-# constants of fewer bytes stay in the IR: shapes, indices, scalars, short vectors the lowerings
-# and folds look into
-PARAM_MIN_BYTES = 1024
 
 
 def add_parameter(func: ir.Operation, t: ir.Type, loc: ir.Location) -> ir.Value:

@@ -10,7 +10,7 @@ import numpy as np
 from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
 
-from ..artifact import ENTRY, GUARD
+from ..artifact import ENTRY, GUARD, Deferred
 from ..bounded_dynamism import Signature
 from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
 from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, bounds_constraints, constraint_function,
@@ -66,7 +66,7 @@ class LoweredModule:
     assertions: list[Assertion]  # empty: no guard function
     shapes: ShapeAnalysis
     kernels: list[Kernel]        # the parallel loop nests, outlined for the RAL thread pool
-    params: list[np.ndarray]     # data of the entry's trailing arguments after the signature's (weights)
+    params: list[np.ndarray | Deferred]  # the entry's trailing arguments after the signature's (weights)
 
     @property
     def guard(self) -> str | None:
@@ -75,10 +75,11 @@ class LoweredModule:
 
 def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
                     frontend_unchecked: tuple[str, ...] = (), constraints: tuple[str, ...] = (),
-                    buffer_reuse: bool = True, params: tuple[np.ndarray, ...] = ()) -> LoweredModule:
+                    buffer_reuse: bool = True, params: tuple[np.ndarray | Deferred, ...] = ()) -> LoweredModule:
     """`frontend_facts` the frontend checks itself (JAX's); `frontend_unchecked` it knows but does
     not check (torch.export's dim ranges); `constraints` the user's. The last two get guards.
-    `params`: the data of the entry's arguments after the signature's (the frontend's weights)."""
+    `params`: the entry's arguments after the signature's (the frontend's weights: their data, or
+    `Deferred` for those the caller writes into the artifact itself)."""
     with module.context, ir.Location.unknown():
         # 0. user constraints, #stablehlo.bounds and the constraints a saved module carries become shape
         #    assertions (checked by the guard)
