@@ -1,10 +1,14 @@
 """The encoder layer over a trace of (batch, seq) requests, every peer side by side in one
-process with 2 threads each: disc_stablehlo (compiled once, symbolic batch and seq), jax.jit
-(compiles per shape), jax.jit with padding to buckets, torch eager, torch.compile(dynamic=True)
-and IREE (llvm-cpu, compiled once with dynamic dims from the PyTorch model through torch-mlir).
-"disc_stablehlo cached" is a later process of the same service: its compiled function comes
-from the persistent cache (`DISC_CACHE_DIR`, filled by an untimed compilation beforehand); it
-still exports the model from JAX to find its cache entry.
+process with the same 2 threads (the process is pinned to 2 cores and each runtime told 2):
+disc_stablehlo (compiled once, symbolic batch and seq), jax.jit (compiles per shape), jax.jit
+with padding to buckets, torch eager, torch.compile(dynamic=True) and IREE (llvm-cpu, compiled
+once with dynamic dims from the PyTorch model through torch-mlir). Each peer gets its inputs in
+its own arrays, placed before the clock starts (numpy for disc_stablehlo, torch tensors sharing
+numpy's memory, JAX and IREE device arrays; the bucketing peer pads on the host, as a bucketing
+server does), and each call returns once its result is computed. No peer gets an untimed
+warm-up before the trace. "disc_stablehlo cached" is a later process of the same service: a
+fresh process, run after another fresh process filled the persistent cache (`DISC_CACHE_DIR`);
+it still exports the model from JAX to find its cache entry.
 
 Prints end-to-end trace time (every compilation included), compile counts, first-request
 latency, steady-state latency at fixed shapes interleaved round-robin, and the kernel counts of
@@ -16,25 +20,28 @@ disc_stablehlo and XLA; writes results.json and results.png next to this file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
+from typing import Any, Callable
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's own BLAS threads would spin next to the peers'
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import iree_threads, limit_threads, machine_load  # noqa: E402
+
+THREADS = 2
+limit_threads(THREADS)  # before any peer is imported
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # torch.compile compiles here, as the others do
 
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
-
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
 from encoder import HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs, torch_encoder  # noqa: E402
 
 STEADY_SHAPES = [(1, 32), (8, 128), (16, 256)]
-THREADS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -43,31 +50,30 @@ def make_trace(n: int, seed: int) -> list[tuple[int, int]]:
     return [(int(rng.integers(1, 17)), int(rng.integers(8, 257))) for _ in range(n)]
 
 
-# ---- peers: each is make(params) -> (call(x, mask) -> numpy, compile count or None) --------------
+@dataclasses.dataclass
+class Peer:
+    call: Callable[[Any, Any], Any]     # (x, mask) in the peer's own arrays -> its result, computed
+    compiles: Callable[[], int]
+    place: Callable[[np.ndarray, np.ndarray], tuple] = lambda x, m: (x, m)  # numpy -> the peer's arrays
+    handle: Any = None
+
+
+# ---- peers: each is make(params) -> Peer ----------------------------------------------------------
 
 def peer_disc(params):
     f = disc.compile(encoder_layer, *encoder_specs(params))
-    return (lambda x, m: f(x, m, params)), (lambda: f.compile_count), f
-
-
-def peer_disc_cached(params):
-    cache = os.path.join(HERE, ".trace-cache")
-    os.environ["DISC_CACHE_DIR"] = cache
-    try:
-        f = disc.compile(encoder_layer, *encoder_specs(params))
-    finally:
-        del os.environ["DISC_CACHE_DIR"]
-    return (lambda x, m: f(x, m, params)), (lambda: f.compile_count), f
+    return Peer(lambda x, m: f(x, m, params), lambda: f.compile_count, handle=f)
 
 
 def peer_jax(params):
     fn = jax.jit(encoder_layer)
+    on_device = jax.device_put(params)
     shapes = set()
 
     def call(x, m):
         shapes.add(x.shape)
-        return np.asarray(fn(x, m, params))
-    return call, (lambda: len(shapes)), None
+        return fn(x, m, on_device).block_until_ready()
+    return Peer(call, lambda: len(shapes), place=lambda x, m: (jax.device_put(x), jax.device_put(m)))
 
 
 def _bucket(n: int, sizes: list[int]) -> int:
@@ -75,8 +81,9 @@ def _bucket(n: int, sizes: list[int]) -> int:
 
 
 def peer_jax_buckets(params):
-    """Pads batch to a power of two and seq to a multiple of 64; padded keys are masked out."""
+    """Pads batch to a power of two and seq to a multiple of 64 on the host; padded keys are masked out."""
     fn = jax.jit(encoder_layer)
+    on_device = jax.device_put(params)
     buckets = set()
 
     def call(x, m):
@@ -87,8 +94,14 @@ def peer_jax_buckets(params):
         xp[:b, :s] = x
         mp = np.full((pb, ps), -1e9, np.float32)
         mp[:b, :s] = m
-        return np.asarray(fn(xp, mp, params))[:b, :s]
-    return call, (lambda: len(buckets)), None
+        return fn(xp, mp, on_device).block_until_ready()[:b, :s]
+    return Peer(call, lambda: len(buckets))
+
+
+def _torch_place(x, m):
+    import torch
+
+    return torch.from_numpy(x), torch.from_numpy(m)
 
 
 def peer_torch_eager(params):
@@ -98,8 +111,8 @@ def peer_torch_eager(params):
 
     def call(x, m):
         with torch.no_grad():
-            return model(torch.from_numpy(x), torch.from_numpy(m)).numpy()
-    return call, (lambda: 0), None
+            return model(x, m)
+    return Peer(call, lambda: 0, place=_torch_place)
 
 
 def peer_torch_compile(params):
@@ -110,8 +123,8 @@ def peer_torch_compile(params):
 
     def call(x, m):
         with torch.no_grad():
-            return model(torch.from_numpy(x), torch.from_numpy(m)).numpy()
-    return call, (lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]), None
+            return model(x, m)
+    return Peer(call, lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"], place=_torch_place)
 
 
 def peer_iree(params):
@@ -126,45 +139,83 @@ def peer_iree(params):
                              dynamic_shapes={"x": {0: b, 1: s}, "mask": {0: b, 1: s}})
     vmfb = ic.compile_str(str(fx.export_and_import(ep, output_type="raw")), target_backends=["llvm-cpu"],
                           input_type="torch", extra_args=["--iree-llvmcpu-target-cpu=host"])
-    ctx = rt.SystemContext(config=rt.Config("local-task"))
+    iree_threads(THREADS)
+    config = rt.Config("local-task")
+    ctx = rt.SystemContext(config=config)
     ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
     main = ctx.modules.module["main"]
-    return (lambda x, m: np.asarray(main(x, m))), (lambda: 1), None
+    return Peer(main, lambda: 1, place=lambda x, m: (rt.asdevicearray(config.device, x), rt.asdevicearray(config.device, m)))
 
 
-PEERS = {"disc_stablehlo": peer_disc, "disc_stablehlo cached": peer_disc_cached, "jax.jit": peer_jax, "jax.jit buckets": peer_jax_buckets,
+PEERS = {"disc_stablehlo": peer_disc, "jax.jit": peer_jax, "jax.jit buckets": peer_jax_buckets,
          "torch eager": peer_torch_eager, "torch.compile": peer_torch_compile, "IREE": peer_iree}
+CACHED = "disc_stablehlo cached"
 
 
 def run_trace(make, trace, params, inputs):
+    """Inputs are placed in the peer's arrays first (untimed, as data would arrive in them); the
+    clock then runs from making the peer (compiling) to the last request's result."""
     t0 = time.perf_counter()
-    call, count, handle = make(params)
+    peer = make(params)
+    made = time.perf_counter()
+    placed = {shape: peer.place(*inputs[shape]) for shape in set(trace)}
+    t0 += time.perf_counter() - made  # placing is not counted
     first = None
     for shape in trace:
-        call(*inputs[shape])
+        peer.call(*placed[shape])
         if first is None:
             first = time.perf_counter() - t0
-    return {"total_s": time.perf_counter() - t0, "first_s": first, "compiles": count(), "call": call, "handle": handle}
+    return {"total_s": time.perf_counter() - t0, "first_s": first, "compiles": peer.compiles(), "peer": peer}
 
 
-def steady(calls: dict, reps: int) -> dict:
-    inputs = {s: encoder_inputs(*s) for s in STEADY_SHAPES}
-    times = {(n, s): [] for n in calls for s in STEADY_SHAPES}
-    for name, call in calls.items():
+def max_diff(peer: Peer, params) -> float:
+    x, m = encoder_inputs(3, 40)
+    reference = np.asarray(jax.jit(encoder_layer)(x, m, params))
+    return float(np.abs(np.asarray(peer.call(*peer.place(x, m))) - reference).max())
+
+
+def cached_process(args) -> dict:
+    """`disc_stablehlo cached`: this process compiles with the persistent cache on, then runs the trace."""
+    os.environ["DISC_CACHE_DIR"] = args.cached_process
+    params = encoder_params()
+    trace = make_trace(args.requests, args.seed)
+    r = run_trace(peer_disc, trace, params, {shape: encoder_inputs(*shape) for shape in set(trace)})
+    return {"total_s": r["total_s"], "first_s": r["first_s"], "compiles": r["compiles"], "max_diff": max_diff(r["peer"], params)}
+
+
+def run_cached_peer(args) -> dict:
+    """Two fresh processes one after the other: the first fills the cache, the second is measured."""
+    import shutil
+
+    cache = os.path.join(HERE, ".trace-cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, __file__, "--cached-process", cache, "--requests", str(args.requests), "--seed", str(args.seed)],
+                             capture_output=True, text=True, check=True)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0]["compiles"] == 1 and runs[1]["compiles"] == 0, runs
+    return runs[1]
+
+
+def steady(peers: dict[str, Peer], reps: int) -> dict:
+    inputs = {name: {s: peer.place(*encoder_inputs(*s)) for s in STEADY_SHAPES} for name, peer in peers.items()}
+    times = {(n, s): [] for n in peers for s in STEADY_SHAPES}
+    for name, peer in peers.items():
         for s in STEADY_SHAPES:
-            call(*inputs[s])
+            peer.call(*inputs[name][s])
     for _ in range(reps):
         for s in STEADY_SHAPES:  # round-robin over shapes and peers
-            for name, call in calls.items():
+            for name, peer in peers.items():
                 time.sleep(0.2)  # lets the previous peer's spinning worker threads go idle
                 # one untimed call first: it wakes this peer's own threads (on this VM the first
                 # call after an idle pause costs any multi-threaded peer 1.2-2.5x, from the
                 # hypervisor waking the second vCPU, not from the peer's code)
-                call(*inputs[s])
+                peer.call(*inputs[name][s])
                 t = time.perf_counter()
-                call(*inputs[s])
+                peer.call(*inputs[name][s])
                 times[(name, s)].append(time.perf_counter() - t)
-    return {stat: {name: {s: float(fn(times[(name, s)])) for s in STEADY_SHAPES} for name in calls}
+    return {stat: {name: {s: float(fn(times[(name, s)])) for s in STEADY_SHAPES} for name in peers}
             for stat, fn in (("median", np.median), ("best", np.min))}
 
 
@@ -213,8 +264,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steady-reps", type=int, default=9)
-    ap.add_argument("--peers", default=",".join(PEERS), help="comma-separated subset of: " + ", ".join(PEERS))
+    names = [*PEERS, CACHED]
+    ap.add_argument("--peers", default=",".join(names), help="comma-separated subset of: " + ", ".join(names))
+    ap.add_argument("--cached-process", metavar="CACHE", help=argparse.SUPPRESS)  # the cached peer's own process
     args = ap.parse_args()
+    if args.cached_process:
+        print(json.dumps(cached_process(args)))
+        return
     try:
         import torch
 
@@ -225,40 +281,37 @@ def main() -> None:
     trace = make_trace(args.requests, args.seed)
     inputs = {shape: encoder_inputs(*shape) for shape in set(trace)}
     print(f"trace: {len(trace)} requests, {len(set(trace))} distinct (batch, seq) shapes, seed {args.seed}, "
-          f"{os.cpu_count()} cores, {THREADS} threads per peer")
-    if "disc_stablehlo cached" in args.peers.split(","):
-        import shutil
-
-        shutil.rmtree(os.path.join(HERE, ".trace-cache"), ignore_errors=True)
-        peer_disc_cached(params)  # the earlier process: fills the cache, untimed
+          f"{os.cpu_count()} cores, {THREADS} threads per peer; machine load (1 min average) at the start {machine_load()}")
     results = {}
     for name in args.peers.split(","):
         try:
+            if name == CACHED:
+                results[name] = run_cached_peer(args)
+                continue
             results[name] = run_trace(PEERS[name], trace, params, inputs)
+            results[name]["max_diff"] = max_diff(results[name]["peer"], params)
         except Exception as e:  # a peer that cannot run here is reported, the others still are
             print(f"{name}: skipped ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-    reference = np.asarray(jax.jit(encoder_layer)(*encoder_inputs(3, 40), params))
-    print(f"\n{'peer':<18} {'trace total s':>14} {'first request s':>16} {'compiles':>9} {'max |diff| vs jax':>18}")
+    print(f"\n{'peer':<22} {'trace total s':>14} {'first request s':>16} {'compiles':>9} {'max |diff| vs jax':>18}")
     for name, r in results.items():
-        diff = float(np.abs(np.asarray(r["call"](*encoder_inputs(3, 40))) - reference).max())
-        r["max_diff"] = diff
-        print(f"{name:<18} {r['total_s']:>14.2f} {r['first_s']:>16.2f} {r['compiles']:>9} {diff:>18.1e}")
+        print(f"{name:<22} {r['total_s']:>14.2f} {r['first_s']:>16.2f} {r['compiles']:>9} {r['max_diff']:>18.1e}")
     # the cached peer runs the same code as disc_stablehlo: the steady state is measured once
-    tables = steady({n: r["call"] for n, r in results.items() if n != "disc_stablehlo cached"}, args.steady_reps)
+    tables = steady({n: r["peer"] for n, r in results.items() if n != CACHED}, args.steady_reps)
     for stat, rows in tables.items():
         print(f"\nsteady state, {stat} ms over {args.steady_reps} round-robin passes")
-        print(f"{'peer':<18} " + " ".join(f"{str(s):>12}" for s in STEADY_SHAPES))
+        print(f"{'peer':<22} " + " ".join(f"{str(s):>12}" for s in STEADY_SHAPES))
         for name, row in rows.items():
-            print(f"{name:<18} " + " ".join(f"{row[s] * 1e3:>12.2f}" for s in STEADY_SHAPES))
+            print(f"{name:<22} " + " ".join(f"{row[s] * 1e3:>12.2f}" for s in STEADY_SHAPES))
     rows = tables["median"]
     if "disc_stablehlo" in results:
-        f = results["disc_stablehlo"]["handle"]
+        f = results["disc_stablehlo"]["peer"].handle
         kinds = {}
         for k in f.kernels:
             kinds[k.kind] = kinds.get(k.kind, 0) + 1
         gemms = f.llvm_ir.count("call void @disc_ral_gemm_f32")
         print(f"\nkernels: disc_stablehlo {len(f.kernels)} loop kernels ({', '.join(f'{v} {k}' for k, v in kinds.items())}) "
               f"+ {gemms} GEMM calls; XLA {xla_kernel_count(params)} ops in its optimised entry computation")
+    print(f"machine load (1 min average) at the end {machine_load()}")
     data = {"trace": {n: {k: r[k] for k in ("total_s", "first_s", "compiles", "max_diff")} for n, r in results.items()},
             "steady_ms": {n: {str(s): v * 1e3 for s, v in row.items()} for n, row in rows.items()},
             "steady_best_ms": {n: {str(s): v * 1e3 for s, v in row.items()} for n, row in tables["best"].items()}}

@@ -1,7 +1,10 @@
 """Fusion microbenchmarks: softmax, layer norm and a GELU chain, each compiled once with dynamic
 dims by disc_stablehlo and run at several shapes next to jax.jit; throughput in GB/s (each input
 read once and the output written once: what a fully fused kernel must move) against this
-machine's measured memory bandwidth. Then the reduction schedules (a column sum with the
+machine's memory bandwidth, measured with numpy copies on the same threads (no peer's code).
+Both peers get 2 threads (the process is pinned to 2 cores) and their inputs in their own arrays
+(numpy for disc_stablehlo, device arrays for JAX); each timed call returns once its result is
+computed. Then the reduction schedules (a column sum with the
 column version host code picks vs the row schedule alone), GEMM epilogues (bias + GELU behind
 the GEMM vs as a loop of its own), and the encoder layer at (16, 256) in GFLOP/s against the
 BLAS's measured SGEMM rate.
@@ -15,14 +18,19 @@ import os
 import sys
 import time
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import limit_threads, machine_load, memory_bandwidth  # noqa: E402
+
+THREADS = 2
+limit_threads(THREADS)  # before any peer is imported
+# compiled in this process: the side-by-side variants switch a pipeline step off here (`_without`),
+# which a compiler worker would not see (the generated code is the same either way)
+os.environ["DISC_COMPILE_WORKER"] = "0"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import export  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(__file__))
 
 import disc_stablehlo as disc  # noqa: E402
 from disc_stablehlo.passes import pipeline  # noqa: E402
@@ -45,16 +53,13 @@ def gelu_chain(x):
     return jax.nn.gelu(x * 1.5 + 0.1, approximate=False) * 0.5
 
 
-def scale(x):  # one read, one write: the bandwidth reference
-    return x * 2.0
-
-
 def best_time(fn, *args, reps: int = 15) -> float:
-    np.asarray(fn(*args))
+    """Best seconds of `fn(*args)` until its result is computed (JAX's asynchronous dispatch waited for)."""
+    jax.block_until_ready(fn(*args))
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        np.asarray(fn(*args))
+        jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -72,10 +77,9 @@ def _without(module, step: str, build):
 def main() -> None:
     r, c = export.symbolic_shape("r, c")
     spec = jax.ShapeDtypeStruct((r, c), jnp.float32)
-    big = np.random.default_rng(0).standard_normal((8192, 4096)).astype(np.float32)  # 128 MiB
-    compiled_scale = disc.compile(scale, spec)
-    bandwidth = 2 * big.nbytes / best_time(compiled_scale, big, reps=5) / 1e9
-    print(f"memory bandwidth (x * 2 over 128 MiB, read + write, disc_stablehlo): {bandwidth:.1f} GB/s\n")
+    bandwidth = memory_bandwidth(THREADS)
+    print(f"machine load (1 min average) {machine_load()}; {THREADS} threads per peer")
+    print(f"memory bandwidth (numpy copy of 256 MiB on {THREADS} threads, read + write): {bandwidth:.1f} GB/s\n")
     print(f"{'op':<12} {'shape':>12} {'disc GB/s':>10} {'jax GB/s':>10} {'disc % of bw':>13} {'disc kernels':>13}")
     for name, fn in [("softmax", softmax), ("layer_norm", layer_norm), ("gelu_chain", gelu_chain)]:
         compiled = disc.compile(fn, spec)
@@ -83,7 +87,7 @@ def main() -> None:
         for shape in SHAPES:
             x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
             moved = 2 * x.nbytes / 1e9
-            gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, x)
+            gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, jax.device_put(x))
             print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")
 
     print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'row only':>10} {'jax GB/s':>10}  version run")
@@ -93,7 +97,7 @@ def main() -> None:
     for shape in [(4096, 8), (4096, 256), (256, 4096), (8192, 1024)]:
         x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
         before = column_sum.stats()
-        rates = [x.nbytes / 1e9 / best_time(f, x) for f in (column_sum, row_only, jitted)]
+        rates = [x.nbytes / 1e9 / best_time(f, x) for f in (column_sum, row_only)] + [x.nbytes / 1e9 / best_time(jitted, jax.device_put(x))]
         after = column_sum.stats()
         ran = [k.version for k in column_sum.kernels if after[k.name]["calls"] > before[k.name]["calls"]]
         print(f"{'':<12} {str(shape):>12} {rates[0]:>10.1f} {rates[1]:>10.1f} {rates[2]:>10.1f}  {', '.join(ran)}")
@@ -107,7 +111,7 @@ def main() -> None:
     apart = _without(pipeline, "fuse_gemm_epilogues", lambda: disc.compile(dense, *specs))
     for rows in (64, 1024, 4096):
         args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(rows, 1024), (1024, 1024), (1024,)])]
-        times = [best_time(f, *args) * 1e3 for f in (behind, apart, jax.jit(dense))]
+        times = [best_time(f, *args) * 1e3 for f in (behind, apart)] + [best_time(jax.jit(dense), *jax.device_put(args)) * 1e3]
         print(f"{'bias+GELU':<12} {str((rows, 1024)):>12} {times[0]:>10.2f} {times[1]:>10.2f} {times[2]:>10.2f}")
 
     a = np.random.default_rng(2).standard_normal((4096, 1024)).astype(np.float32)

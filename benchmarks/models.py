@@ -23,8 +23,11 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import limit_threads  # noqa: E402
+
 THREADS = 2
-os.environ.setdefault("DISC_NUM_THREADS", str(THREADS))
+limit_threads(THREADS)  # before any peer is imported
 os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")  # torch.compile compiles here, as disc_stablehlo does
 
 import torch  # noqa: E402

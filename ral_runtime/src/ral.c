@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,7 +263,10 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (!set_threads) set_threads = (void (*)(int))dlsym(rt->blas, "openblas_set_num_threads");
     if (set_threads) set_threads(1);
   }
-  if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (num_threads <= 0) { /* the cores this process may run on (a container's or taskset's share) */
+    cpu_set_t allowed;
+    num_threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  }
   if (num_threads < 1) num_threads = 1;
   /* the calling thread works too, so the pool holds one thread fewer */
   if (!pool_start(&rt->pool, num_threads - 1)) {

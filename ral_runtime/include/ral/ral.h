@@ -38,7 +38,8 @@ typedef struct ral_runtime ral_runtime;
 typedef struct ral_context ral_context;
 
 /* Creates a runtime. blas_path may be NULL (GEMM calls then fail with RAL_ERR_UNAVAILABLE).
- * num_threads <= 0 uses every online core. On failure *out is NULL and the status says why. */
+ * num_threads <= 0 uses every core the process may run on (its CPU affinity). On failure *out is NULL
+ * and the status says why. */
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out);
 void ral_runtime_destroy(ral_runtime *rt);
 int ral_runtime_num_threads(const ral_runtime *rt);
