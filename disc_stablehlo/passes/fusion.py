@@ -6,7 +6,10 @@
   cannot do this when the reader indexes the tensor with a non-permutation map (a size-1 dim).
 - A broadcast read by several ops (an attention mask broadcast once for every layer) is
   computed again inside each reader instead of materialised: upstream fusion only fuses a
-  producer into its single reader, so it is cloned, one copy per reader, before fusion."""
+  producer into its single reader, so it is cloned, one copy per reader, before fusion.
+- A generic on 0-d tensors (the computation regions of sort, scatter and reduce_window, inlined
+  into the loops that walk the elements) becomes the scalar ops of its body: no 0-d tensor is
+  allocated per element."""
 
 from __future__ import annotations
 
@@ -78,3 +81,38 @@ def duplicate_broadcasts(module: ir.Module) -> int:
             reader.operands[use.operand_number] = clone.results[0]
             copies += 1
     return copies
+
+
+def _rank0(v: ir.Value) -> bool:
+    return isinstance(v.type, ir.RankedTensorType) and ir.RankedTensorType(v.type).rank == 0
+
+
+def scalarize_rank0_generics(module: ir.Module) -> int:
+    """Replaces each linalg.generic whose operands and results are all 0-d tensors by its body's
+    ops on the extracted scalars, the results rebuilt with `tensor.from_elements` (canonicalize
+    then folds them against the `tensor.extract`s that read them); returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        if op.name != "linalg.generic" or not all(_rank0(v) for v in [*op.operands, *op.results]):
+            continue
+        body = op.regions[0].blocks[0]
+        ops = list(body.operations)
+        if any(len(o.regions) for o in ops):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            mapping = {arg: ir.Operation.create("tensor.extract", results=[ir.RankedTensorType(v.type).element_type],
+                                                operands=[v]).result
+                       for arg, v in zip(body.arguments, op.operands)}
+            for inner in ops[:-1]:
+                clone = inner.clone()
+                for i, v in enumerate(clone.operands):
+                    if v in mapping:
+                        clone.operands[i] = mapping[v]
+                for old, new in zip(inner.results, clone.results):
+                    mapping[old] = new
+            for result, v in zip(op.results, ops[-1].operands):
+                built = ir.Operation.create("tensor.from_elements", results=[result.type], operands=[mapping.get(v, v)]).result
+                result.replace_all_uses_with(built)
+        op.erase()
+        count += 1
+    return count

@@ -186,6 +186,14 @@ class Text:
         dyn = [d for i, d in enumerate(dims) if t.is_dynamic_dim(i)]
         return self(f"tensor.empty({', '.join(dyn)}) : {type_}")
 
+    def buffer(self, type_: ir.Type, dims: list[str]) -> str:
+        """A new tensor that is a buffer of its own: unlike `empty`, never merged with another
+        of the same type (two `tensor.empty`s that CSE makes one would give loops that write
+        both a single buffer)."""
+        t = ir.RankedTensorType(type_)
+        dyn = [d for i, d in enumerate(dims) if t.is_dynamic_dim(i)]
+        return self(f"bufferization.alloc_tensor({', '.join(dyn)}) : {type_}")
+
     def clamp(self, v: str, lo: str, hi: str) -> str:
         return self(f"arith.maxsi {self(f'arith.minsi {v}, {hi} : index')}, {lo} : index")
 

@@ -23,7 +23,7 @@ from . import control_flow, convolution, dynamic_ops, library_calls, region_ops 
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
-from .fusion import duplicate_broadcasts, forward_uniform_operands
+from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .lower import lower_module
@@ -118,6 +118,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         # 7. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
+        scalarize_rank0_generics(module)
         forward_uniform_operands(module)
         duplicate_broadcasts(module)
         run_pipeline(module, f"builtin.module(linalg-fuse-elementwise-ops, {FUSE})", "fusion")  # before CSE merges the copies

@@ -114,46 +114,84 @@ def _scatter(op, t: Text, state: LoweringState):
 
 @register_template("stablehlo.sort")
 def _sort(op, t: Text, state: LoweringState):
-    """Stable insertion sort along `dimension` (every other index walks in an outer loop)."""
+    """Stable bottom-up merge sort along `dimension` (every other index walks in an outer loop):
+    runs of width 1, 2, 4, ... merged pairwise from the operands into a scratch buffer and back,
+    two passes per step so each buffer keeps its role (and is updated in place): O(n log n)
+    comparisons, the comparator's region inlined as scalar code."""
     n = len(op.operands)
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
     fn = state.region_function(op.regions[0], "comparator", t)
     types = [str(v.type) for v in op.operands]
     elems = [_elem(v) for v in op.operands]
     dims = t.dims("%a0", op.operands[0].type)
-    outer = Loops(t, [d for i, d in enumerate(dims) if i != dim], [(f"%a{i}", ty) for i, ty in enumerate(types)])
-    line = Loops(t, [dims[dim]], [(v, ty) for v, ty in zip(outer.inner, types)])
+    length = dims[dim]
+    outer = Loops(t, [d for i, d in enumerate(dims) if i != dim], [(f"%a{i}", ty) for i, ty in enumerate(types)]
+                  + [(t.buffer(v.type, dims), ty) for v, ty in zip(op.operands, types)])
 
-    def at(pos):
+    def at(pos: str) -> str:
         idx = list(outer.ivs)
         idx.insert(dim, pos)
         return ", ".join(idx)
-    # while j > 0 and x[j] < x[j-1]: swap them, j -= 1
-    j, accs = t.fresh("j"), [t.fresh("w") for _ in range(n)]
-    res = t.fresh("while")
-    sig = ", ".join(["index"] + types)
-    t.emit(f"{res}:{n + 1} = scf.while ({j} = {line.ivs[0]}, {', '.join(f'{a} = {v}' for a, v in zip(accs, line.inner))}) : ({sig}) -> ({sig}) {{")
-    positive = t(f"arith.cmpi sgt, {j}, {t.const(0)} : index")
 
-    def less():
-        prev = t(f"arith.subi {j}, {t.const(1)} : index")
-        pairs = []
-        for a, ty, e in zip(accs, types, elems):
-            pairs += [(t(f"tensor.extract {a}[{at(j)}] : {ty}"), e), (t(f"tensor.extract {a}[{at(prev)}] : {ty}"), e)]
-        return _call_region(t, fn, pairs, ["i1"])
-    go = _if(t, positive, ["i1"], less, [t.const("false", "i1")])[0]
-    t.emit(f"scf.condition({go}) {j}, {', '.join(accs)} : {sig}")
+    def read(buffers: list[str], pos: str) -> list[str]:
+        return [t(f"tensor.extract {b}[{at(pos)}] : {ty}") for b, ty in zip(buffers, types)]
+
+    def merge_pass(src: list[str], dst: list[str], width: str) -> list[str]:
+        """Merges the runs [lo, lo + width) and [lo + width, lo + 2 width) of `src` into `dst`."""
+        step = t(f"arith.muli {width}, {t.const(2)} : index")
+        lo, runs, acc = t.fresh("lo"), t.fresh("runs"), [t.fresh("out") for _ in range(n)]
+        t.emit(f"{runs}:{n} = scf.for {lo} = {t.const(0)} to {length} step {step} "
+               f"iter_args({', '.join(f'{a} = {d}' for a, d in zip(acc, dst))}) -> ({', '.join(types)}) {{")
+        mid = t(f"arith.minsi {t(f'arith.addi {lo}, {width} : index')}, {length} : index")
+        hi = t(f"arith.minsi {t(f'arith.addi {lo}, {step} : index')}, {length} : index")
+        last_left, last = t(f"arith.subi {mid}, {t.const(1)} : index"), t(f"arith.subi {hi}, {t.const(1)} : index")
+        # k walks [lo, hi); i the left run, j the right one
+        i, j, k, out = t.fresh("i"), t.fresh("j"), t.fresh("k"), [t.fresh("m") for _ in range(n)]
+        merged = t.fresh("merge")
+        sig = ", ".join(["index"] * 3 + types)
+        t.emit(f"{merged}:{n + 3} = scf.while ({i} = {lo}, {j} = {mid}, {k} = {lo}, "
+               f"{', '.join(f'{a} = {v}' for a, v in zip(out, acc))}) : ({sig}) -> ({sig}) {{")
+        t.emit(f"scf.condition({t(f'arith.cmpi slt, {k}, {hi} : index')}) {i}, {j}, {k}, {', '.join(out)} : {sig}")
+        t.emit("} do {")
+        i2, j2, k2, out2 = t.fresh("i"), t.fresh("j"), t.fresh("k"), [t.fresh("m") for _ in range(n)]
+        t.emit(f"^bb0({i2}: index, {j2}: index, {k2}: index, {', '.join(f'{a}: {ty}' for a, ty in zip(out2, types))}):")
+        # positions clamped into their run: a used-up run is read but never taken
+        left = read(src, t(f"arith.minsi {i2}, {last_left} : index"))
+        right = read(src, t(f"arith.minsi {j2}, {last} : index"))
+        left_open, right_open = t(f"arith.cmpi slt, {i2}, {mid} : index"), t(f"arith.cmpi slt, {j2}, {hi} : index")
+
+        def right_first() -> list[str]:  # stable: the right element goes first only when strictly less
+            return _call_region(t, fn, [(x, e) for r, l_, e in zip(right, left, elems) for x in (r, l_)], ["i1"])
+        both = t(f"arith.andi {right_open}, {left_open} : i1")
+        left_done = t(f"arith.xori {left_open}, {t.const('true', 'i1')} : i1")
+        take_right = t(f"arith.andi {right_open}, {_if(t, both, ['i1'], right_first, [left_done])[0]} : i1")
+        placed = [t(f"tensor.insert {t(f'arith.select {take_right}, {r}, {l_} : {e}')} into {o}[{at(k2)}] : {ty}")
+                  for r, l_, e, o, ty in zip(right, left, elems, out2, types)]
+        one = t.const(1)
+        next_i = t(f"arith.select {take_right}, {i2}, {t(f'arith.addi {i2}, {one} : index')} : index")
+        next_j = t(f"arith.select {take_right}, {t(f'arith.addi {j2}, {one} : index')}, {j2} : index")
+        t.emit(f"scf.yield {next_i}, {next_j}, {t(f'arith.addi {k2}, {one} : index')}, {', '.join(placed)} : {sig}")
+        t.emit("}")
+        t.emit(f"scf.yield {', '.join(f'{merged}#{x + 3}' for x in range(n))} : {', '.join(types)}")
+        t.emit("}")
+        return [f"{runs}#{x}" for x in range(n)]
+
+    # while width < length: width -> scratch, 2 width -> back (a last pass over one run copies)
+    w, a, b = t.fresh("width"), [t.fresh("a") for _ in range(n)], [t.fresh("b") for _ in range(n)]
+    steps = t.fresh("steps")
+    sig = ", ".join(["index"] + types + types)
+    start = ", ".join([f"{w} = {t.const(1)}"] + [f"{x} = {v}" for x, v in zip(a + b, outer.inner)])
+    t.emit(f"{steps}:{2 * n + 1} = scf.while ({start}) : ({sig}) -> ({sig}) {{")
+    t.emit(f"scf.condition({t(f'arith.cmpi slt, {w}, {length} : index')}) {w}, {', '.join(a + b)} : {sig}")
     t.emit("} do {")
-    j2, accs2 = t.fresh("j"), [t.fresh("w") for _ in range(n)]
-    t.emit(f"^bb0({j2}: index, {', '.join(f'{a}: {ty}' for a, ty in zip(accs2, types))}):")
-    prev = t(f"arith.subi {j2}, {t.const(1)} : index")
-    swapped = []
-    for a, ty in zip(accs2, types):
-        x, y = t(f"tensor.extract {a}[{at(j2)}] : {ty}"), t(f"tensor.extract {a}[{at(prev)}] : {ty}")
-        swapped.append(t(f"tensor.insert {x} into {t(f'tensor.insert {y} into {a}[{at(j2)}] : {ty}')}[{at(prev)}] : {ty}"))
-    t.emit(f"scf.yield {prev}, {', '.join(swapped)} : {sig}")
+    w2, a2, b2 = t.fresh("width"), [t.fresh("a") for _ in range(n)], [t.fresh("b") for _ in range(n)]
+    t.emit(f"^bb0({w2}: index, {', '.join(f'{x}: {ty}' for x, ty in zip(a2 + b2, types + types))}):")
+    scratch = merge_pass(a2, b2, w2)
+    doubled = t(f"arith.muli {w2}, {t.const(2)} : index")
+    back = merge_pass(scratch, a2, doubled)
+    t.emit(f"scf.yield {t(f'arith.muli {doubled}, {t.const(2)} : index')}, {', '.join(back + scratch)} : {sig}")
     t.emit("}")
-    return outer.close(line.close([f"{res}#{i + 1}" for i in range(n)]))
+    return outer.close([f"{steps}#{x + 1}" for x in range(2 * n)])[:n]
 
 
 def _window_count(t: Text, padded: str, window: str, stride: str, dilation: str) -> str:
@@ -186,12 +224,11 @@ def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: lis
         padded = t(f"arith.addi {dilated}, {t(f'arith.addi {pad_lo[d]}, {pad_hi[d]} : index')} : index")
         out_dims.append(_window_count(t, padded, window[d], strides[d], win_dil[d]))
     init_vals = [t(f"tensor.extract %a{n + i}[] : {v.type}") for i, v in enumerate(inits)]
-    outs = [t.empty(r.type, out_dims) for r in op.results]
+    outs = [t.buffer(r.type, out_dims) for r in op.results]
     result_types = [str(r.type) for r in op.results]
     loops = Loops(t, out_dims, list(zip(outs, result_types)))
-    # window positions: one scf.for nest carrying the accumulators as 0-d tensors
-    acc0 = [t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in zip(init_vals, elems)]
-    win = Loops(t, window, [(a, f"tensor<{e}>") for a, e in zip(acc0, elems)])
+    # window positions: one scf.for nest carrying the accumulators
+    win = Loops(t, window, list(zip(init_vals, elems)))
     src, conds = [], []
     for d in range(rank):
         base = t(f"arith.muli {loops.ivs[d]}, {strides[d]} : index")
@@ -203,11 +240,9 @@ def _window_reduce(t: Text, op, fn: str, n: int, window: list[str], strides: lis
         src.append(q)
     inside = _all(t, conds)
     vals = _if(t, inside, elems, lambda: [t(f"tensor.extract %a{i}[{', '.join(src)}] : {v.type}") for i, v in enumerate(inputs)], init_vals)
-    accs = [t(f"tensor.extract {a}[] : tensor<{e}>") for a, e in zip(win.inner, elems)]
-    new = _call_region(t, fn, list(zip(accs, elems)) + list(zip(vals, elems)), elems)
-    reduced = win.close([t(f"tensor.from_elements {v} : tensor<{e}>") for v, e in zip(new, elems)])
-    stored = [t(f"tensor.insert {t(f'tensor.extract {r}[] : tensor<{e}>')} into {acc}[{', '.join(loops.ivs)}] : {ty}")
-              for r, e, acc, ty in zip(reduced, elems, loops.inner, result_types)]
+    new = _call_region(t, fn, list(zip(win.inner, elems)) + list(zip(vals, elems)), elems)
+    reduced = win.close(new)
+    stored = [t(f"tensor.insert {r} into {acc}[{', '.join(loops.ivs)}] : {ty}") for r, acc, ty in zip(reduced, loops.inner, result_types)]
     return loops.close(stored)
 
 
