@@ -126,10 +126,10 @@ class Contents:
     binding: dict[str, Any] = dataclasses.field(default_factory=dict)  # how a caller's flat arguments map to the inputs
 
 
-def write(path: str, c: Contents) -> list[tuple[int, int]]:
+def write(path: str, c: Contents) -> list[tuple[int, int, int]]:
     """Writes the artifact to `path`, except for the bytes of its `Deferred` parameters and the
     checksum: the file is valid once `complete` has written them. Returns (index in the caller's
-    weights, offset) of each deferred parameter."""
+    weights, offset, bytes) of each deferred parameter."""
     llvm_ir = zlib.compress(c.llvm_ir.encode(), 1)
     params = [p if isinstance(p, Deferred) else np.ascontiguousarray(p) for p in c.params]
     header: dict[str, Any] = {
@@ -166,16 +166,21 @@ def write(path: str, c: Contents) -> list[tuple[int, int]]:
                 f.seek(entry["offset"])
                 f.write(p.reshape(-1).view(np.uint8))
         f.truncate(offset)  # the gaps (and the deferred parameters' room until written) read as zeros
-    return [(p.index, entry["offset"]) for p, entry in zip(params, header["params"]) if isinstance(p, Deferred)]
+    return [(p.index, entry["offset"], p.nbytes) for p, entry in zip(params, header["params"]) if isinstance(p, Deferred)]
 
 
-def complete(partial: str, path: str, fills: Sequence[tuple[np.ndarray, int]]) -> None:
+def complete(partial: str, path: str, fills: Sequence[tuple[np.ndarray, int, int]]) -> None:
     """Makes the file `write` left at `partial` a valid artifact at `path`: writes each
-    (array, offset) of `fills` (the deferred parameters, one copy from the caller's memory) and the
-    checksum, then renames it into place (a concurrent reader sees all of it or nothing). The
-    checksum is computed beside the writes, over the deferred parameters in memory."""
-    blobs = sorted((at, np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a, at in fills)
+    (array, offset, bytes) of `fills` (the deferred parameters, one copy from the caller's
+    memory; an array of another size than the room left for it is refused, not written over its
+    neighbours) and the checksum, then renames it into place (a concurrent reader sees all of it
+    or nothing). The checksum is computed beside the writes, over the deferred parameters in memory."""
+    blobs = sorted((at, np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a, at, _ in fills)
     try:
+        wrong = [(a.nbytes, nbytes, at) for a, at, nbytes in fills if a.nbytes != nbytes]
+        if wrong:
+            raise ArtifactError(f"{partial}: internal compiler error: weights of {wrong[0][0]} bytes for the "
+                                f"{wrong[0][1]} bytes left at offset {wrong[0][2]}")
         with open(partial, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
             digest = hashlib.sha256()
 

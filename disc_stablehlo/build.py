@@ -21,7 +21,7 @@ from .targets.x86 import emit_objects, link_shared_object
 
 
 def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str,
-                   binding: dict[str, Any]) -> list[tuple[int, int]]:
+                   binding: dict[str, Any]) -> list[tuple[int, int, int]]:
     """Compiles the imported module and writes its artifact to `path`, for the caller to complete
     (`artifact.write`; returns what that returns). `binding`: how the caller's flat arguments map
     to the inputs, kept for `disc.load`."""

@@ -175,7 +175,7 @@ def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: st
             os.unlink(source.payload)
     if "partial" not in reply:
         return reply["path"], True
-    artifact.complete(reply["partial"], reply["path"], [(source.weights[i], at) for i, at in reply["fills"]])
+    artifact.complete(reply["partial"], reply["path"], [(source.weights[i], at, nbytes) for i, at, nbytes in reply["fills"]])
     return reply["path"], False
 
 

@@ -142,3 +142,30 @@ def test_the_cache_keeps_artifacts_not_pickles(tmp_path, monkeypatch):
     assert len(entries) == 1 and entries[0].endswith(".disc"), entries
     x, y = _inputs(3, 4)
     np.testing.assert_array_equal(disc.load(tmp_path / entries[0])(x, y), first(x, y))
+
+
+def _with_deferred(tmp_path, shape=(256,)):
+    """An artifact written with one parameter left for the caller (`Deferred`), as the compiler
+    worker writes a PyTorch model's."""
+    from disc_stablehlo.bounded_dynamism.signature import Signature
+
+    contents = artifact.Contents(Signature((), ()), [], {"name": "x86", "triple": "x86_64-unknown-linux-gnu", "cpu_flags": []},
+                                 b"\x7fELF", "", [np.ones(300, np.float32), artifact.Deferred(0, np.dtype(np.float32), shape)], {})
+    partial = str(tmp_path / "a.disc.partial")
+    return partial, artifact.write(partial, contents)
+
+
+def test_the_caller_completes_a_deferred_parameter(tmp_path):
+    partial, fills = _with_deferred(tmp_path)
+    weights = np.arange(256, dtype=np.float32)
+    artifact.complete(partial, str(tmp_path / "a.disc"), [(weights, at, nbytes) for _, at, nbytes in fills])
+    art = artifact.read(str(tmp_path / "a.disc"))  # the checksum covers the weights written by the caller
+    np.testing.assert_array_equal(art.params()[1], weights)
+    assert not os.path.exists(partial)
+
+
+def test_weights_of_another_size_than_their_room_are_refused(tmp_path):
+    partial, fills = _with_deferred(tmp_path)
+    with pytest.raises(disc.ArtifactError, match="1200 bytes for the 1024 bytes"):
+        artifact.complete(partial, str(tmp_path / "a.disc"), [(np.zeros(300, np.float32), at, nbytes) for _, at, nbytes in fills])
+    assert not os.path.exists(partial) and not os.path.exists(tmp_path / "a.disc")

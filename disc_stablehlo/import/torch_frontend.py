@@ -443,7 +443,7 @@ def import_torch(source: Source) -> Imported:
     torch_dialect.register_dialect(context)
     diagnostics: list[str] = []  # torch-mlir's conversion errors name the op: kept for our error, not printed
     context.attach_diagnostic_handler(lambda d: diagnostics.append(d.message) or True)
-    hooks = _ParameterHooks({(ep.state_dict.get(name) if name in ep.state_dict else ep.constants[name]).data_ptr(): i
+    hooks = _ParameterHooks({(ep.state_dict[name] if name in ep.state_dict else ep.constants[name]).data_ptr(): i
                               for i, name in enumerate(source.held_back)})
     try:
         mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={},  # decomposed by the caller

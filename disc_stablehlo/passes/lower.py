@@ -130,6 +130,12 @@ def move_ops(src: ir.Block, dst: ir.Block) -> None:
         dst.append(op.operation)
 
 
+def _dynamic_sizes(type_: ir.Type, dims: list[str]) -> str:
+    """The operands a tensor-creating op takes: the sizes of the type's dynamic dims."""
+    t = ir.RankedTensorType(type_)
+    return ", ".join(d for i, d in enumerate(dims) if t.is_dynamic_dim(i))
+
+
 class Text:
     """Builds the body of a template function: SSA names, constants, dims."""
 
@@ -182,17 +188,13 @@ class Text:
         return self(f"arith.index_cast {v} : {elem} to index")
 
     def empty(self, type_: ir.Type, dims: list[str]) -> str:
-        t = ir.RankedTensorType(type_)
-        dyn = [d for i, d in enumerate(dims) if t.is_dynamic_dim(i)]
-        return self(f"tensor.empty({', '.join(dyn)}) : {type_}")
+        return self(f"tensor.empty({_dynamic_sizes(type_, dims)}) : {type_}")
 
     def buffer(self, type_: ir.Type, dims: list[str]) -> str:
         """A new tensor that is a buffer of its own: unlike `empty`, never merged with another
         of the same type (two `tensor.empty`s that CSE makes one would give loops that write
         both a single buffer)."""
-        t = ir.RankedTensorType(type_)
-        dyn = [d for i, d in enumerate(dims) if t.is_dynamic_dim(i)]
-        return self(f"bufferization.alloc_tensor({', '.join(dyn)}) : {type_}")
+        return self(f"bufferization.alloc_tensor({_dynamic_sizes(type_, dims)}) : {type_}")
 
     def clamp(self, v: str, lo: str, hi: str) -> str:
         return self(f"arith.maxsi {self(f'arith.minsi {v}, {hi} : index')}, {lo} : index")
