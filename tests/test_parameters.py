@@ -73,7 +73,8 @@ def test_a_16x_wider_model_compiles_about_as_fast(monkeypatch):
     monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
     monkeypatch.delenv("DISC_COMPILE_WORKER", raising=False)
     _mlp_compile_seconds(32)  # warms torch.export and the compiler up
-    pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(3)]  # interleaved
+    # interleaved; the best of 5 each: one compilation's CPU time moves by +-40 % on this VM (page faults, GC)
+    pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(5)]
     narrow, wide = min(p[0] for p in pairs), min(p[1] for p in pairs)  # wide: 256x the weights of the middle layer
     assert wide <= 1.3 * narrow, pairs
 
