@@ -9,3 +9,6 @@ ELEMENTWISE = frozenset({
 })
 
 DIALECTS_LEFT_TO_UPSTREAM = ("stablehlo.", "chlo.")
+
+# our own custom call for chlo.top_k (passes/top_k.py), `k` in this attribute
+TOP_K_TARGET, TOP_K_ATTR = "disc.top_k", "disc.k"

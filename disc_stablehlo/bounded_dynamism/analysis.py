@@ -22,7 +22,7 @@ from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native mod
 from torch_mlir import ir
 
 from ..mlir_support import create_value, index_constant, int_list, location_text, operation, tag_facts
-from ..ops import ELEMENTWISE
+from ..ops import ELEMENTWISE, TOP_K_ATTR, TOP_K_TARGET
 from .signature import Signature
 from .symbolic import Dim
 
@@ -514,8 +514,13 @@ def _reduce_window(w: _Walker, op: ir.Operation):
 
 @_rule("stablehlo.custom_call")
 def _custom_call(w: _Walker, op: ir.Operation):
-    """JAX's stablehlo.dynamic_reduce_window: window parameters are operands."""
-    if ir.StringAttr(op.attributes["call_target_name"]).value != "stablehlo.dynamic_reduce_window":
+    """JAX's stablehlo.dynamic_reduce_window (window parameters are operands) and our top_k
+    (the operand's dims, the last one k)."""
+    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    if target == TOP_K_TARGET:
+        out = w.of(op.operands[0])[:-1] + [Dim.const(ir.IntegerAttr(op.attributes[TOP_K_ATTR]).value)]
+        return [out, out]
+    if target != "stablehlo.dynamic_reduce_window":
         return None
     n = len(op.results)
     window, strides, base, wdil, pad = (w.content.get(v) for v in op.operands[2 * n:2 * n + 5])

@@ -24,48 +24,11 @@ def _is_torch(obj: Any, specs: tuple) -> bool:
     return torch is not None and isinstance(obj, (torch.nn.Module, torch.export.ExportedProgram))
 
 
-def _cumsum(x: Any, dim: int, dtype: Any = None) -> Any:
-    """cumsum as a product with an upper-triangular matrix of ones (torch-mlir cannot lower
-    aten.cumsum to StableHLO): y[..., j] = sum_{i <= j} x[..., i]."""
-    import torch
-
-    if dtype is not None:
-        x = x.to(dtype)
-    elif not x.dtype.is_floating_point:
-        x = x.to(torch.int64)  # torch's integer cumsum accumulates in int64
-    moved = x.movedim(dim, -1)
-    n = moved.shape[-1]
-    tri = torch.ones(n, n, dtype=x.dtype, device=x.device).triu()
-    return (moved @ tri).movedim(-1, dim)
-
-
-def _sort(x: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Any:
-    """sort by ranks (torch-mlir's own lowering builds a `stablehlo.iota` of dynamic shape, which
-    StableHLO forbids): element i goes to position #{j: x_j before x_i} + #{j < i: x_j == x_i},
-    which is stable; values and indices are then read off a one-hot of the positions. Quadratic
-    in the sorted dim, as the comparison sort it lowers to."""
-    import torch
-
-    xm = x.movedim(dim, -1)
-    n = xm.shape[-1]
-    pos = torch.arange(n, device=x.device)
-    xi, xj = xm.unsqueeze(-1), xm.unsqueeze(-2)
-    before = (xj > xi) if descending else (xj < xi)
-    tie = (xj == xi) & (pos.unsqueeze(0) < pos.unsqueeze(1))
-    rank = before.sum(-1) + tie.sum(-1)
-    onehot = rank.unsqueeze(-2) == pos.unsqueeze(-1)  # [..., position, element]
-    values = torch.where(onehot, xj, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1).to(x.dtype)
-    indices = torch.where(onehot, pos, torch.zeros((), dtype=pos.dtype, device=x.device)).sum(-1)
-    return values.movedim(-1, dim), indices.movedim(-1, dim)
-
-
 def _sort_stable(x: Any, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> Any:
-    return _sort(x, dim, descending)
+    """`sort(stable=...)` as plain `sort`, which torch-mlir knows and we sort stably (torch_ops.py)."""
+    import torch
 
-
-def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
-    values, indices = _sort(x, dim, descending=largest)
-    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+    return torch.ops.aten.sort.default(x, dim, descending)
 
 
 def _group_norm(x: Any, weight: Any, bias: Any, n: Any, c: Any, hw: Any, group: int, eps: float) -> Any:
@@ -179,18 +142,15 @@ def _transformer_encoder_layer(src: Any, embed_dim: int, num_heads: int, qkv_wei
 
 
 def _decompositions() -> dict:
-    """torch-mlir's table plus ours (cumsum, sort and topk, group norm, nearest upsampling,
+    """torch-mlir's table plus ours (stable sort, group norm, nearest upsampling,
     empty_strided, the fused inference paths of `nn.MultiheadAttention` and
     `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
     table = dict(get_decomposition_table())
-    table[torch.ops.aten.cumsum.default] = _cumsum
     table[torch.ops.aten.empty_strided.default] = _empty_strided
-    table[torch.ops.aten.sort.default] = _sort
     table[torch.ops.aten.sort.stable] = _sort_stable
-    table[torch.ops.aten.topk.default] = _topk
     table[torch.ops.aten.native_group_norm.default] = _group_norm
     table[torch.ops.aten._native_multi_head_attention.default] = _native_multi_head_attention
     table[torch.ops.aten._transformer_encoder_layer_fwd.default] = _transformer_encoder_layer
@@ -434,6 +394,7 @@ def import_torch(source: Source) -> Imported:
     from torch_mlir.extras.fx_importer import FxImporter
 
     from ..bounded_dynamism.signature import signature_from_function
+    from .torch_ops import LEGAL_OPS, define_functions, rewrite_torch_ops, to_stablehlo
 
     ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
@@ -446,13 +407,16 @@ def import_torch(source: Source) -> Imported:
     hooks = _ParameterHooks({(ep.state_dict[name] if name in ep.state_dict else ep.constants[name]).data_ptr(): i
                               for i, name in enumerate(source.held_back)})
     try:
-        mlir = fx.export_and_import(ep, output_type="stablehlo", decomposition_table={},  # decomposed by the caller
-                                    fx_importer=FxImporter(context=context, hooks=hooks))
+        mlir = fx.export_and_import(ep, output_type="torch", decomposition_table={},  # decomposed by the caller
+                                    fx_importer=FxImporter(context=context, hooks=hooks), backend_legal_ops=LEGAL_OPS)
+        definitions = rewrite_torch_ops(mlir)
+        to_stablehlo(mlir)
     except Exception as e:
         details = "".join(f"\n  {m}" for m in dict.fromkeys(diagnostics))
         raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {str(e).strip()}{details}") from None
     module = parse_stablehlo(str(mlir))
     with module.context:
+        define_functions(module, definitions)
         entry = find_entry(module)
         params = hooks.params()
         sig = signature_from_function(entry, source.arg_dims, source.arg_names, len(params))

@@ -105,7 +105,7 @@ def reuse_equal_buffers(module: ir.Module) -> int:
                 elif op.name == "memref.alloc" and op.operands and (key := _size_key(op.result.type, op.operands)) is not None and freed.get(key):
                     dealloc, buffer = freed[key].pop()
                     dealloc.erase()
-                    if buffer.type != op.result.type:
+                    if buffer.type != op.result.type or _dynamic_sizes(buffer) != list(op.operands):  # (n, m) for (m, n): a view
                         buffer = _view(_storage(buffer), op)
                     op.result.replace_all_uses_with(buffer)
                     op.erase()
@@ -124,8 +124,13 @@ def _freed_key(v: ir.Value, block: ir.Block) -> tuple | None:
     """The byte-size key of a buffer this block allocated (directly or as a view of bytes)."""
     if _owner_name(v) not in ("memref.alloc", "memref.view") or operation(v.owner).block != block:
         return None
+    return _size_key(v.type, _dynamic_sizes(v))
+
+
+def _dynamic_sizes(v: ir.Value) -> list[ir.Value]:
+    """The dynamic dims of an allocation or a view of bytes, in order."""
     op = operation(v.owner)
-    return _size_key(v.type, list(op.operands) if op.name == "memref.alloc" else list(op.operands)[2:])
+    return list(op.operands) if op.name == "memref.alloc" else list(op.operands)[2:]
 
 
 def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:

@@ -18,24 +18,22 @@ from ..mlir_support import describe, find_function, function_type, is_inside, ne
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
 Predicate = Callable[[ir.Operation], bool]
-_REWRITES: dict[str, tuple[Rewrite, Predicate]] = {}
+_REWRITES: dict[str, list[tuple[Rewrite, Predicate]]] = {}
 
 
 def register_rewrite(*op_names: str, when: Predicate = lambda op: True) -> Callable[[Rewrite], Rewrite]:
     """Registers a rewrite for ops of these names, for the instances `when` accepts (the
-    others are left to the upstream conversion)."""
+    others are left to the next rewrite registered for the name, then to the upstream
+    conversion)."""
     def deco(fn: Rewrite) -> Rewrite:
         for name in op_names:
-            if name in _REWRITES:
-                raise ValueError(f"a rewrite for {name} is registered already")
-            _REWRITES[name] = (fn, when)
+            _REWRITES.setdefault(name, []).append((fn, when))
         return fn
     return deco
 
 
 def applies(op: ir.Operation) -> Rewrite | None:
-    rewrite, when = _REWRITES.get(op.name, (None, None))
-    return rewrite if rewrite is not None and when(op) else None
+    return next((rewrite for rewrite, when in _REWRITES.get(op.name, ()) if when(op)), None)
 
 
 class LoweringState:

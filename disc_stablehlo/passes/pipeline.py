@@ -20,6 +20,7 @@ from ..bounded_dynamism.signature import Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
+from .top_k import protect_top_k
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
@@ -95,7 +96,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         params = [*params, *hoist_parameters(_function(module, entry_name))]  # large constants leave the IR
         resolve_ranked_shapes(module)
         run_pipeline(module, f"builtin.module({SHAPE_TO_STD})", "shape dialect lowering")
-        # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO
+        # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO; top_k stays a selection (not a sort)
+        protect_top_k(module)
         run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
         # 3. fold constants and shape computations the frontends leave behind
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")

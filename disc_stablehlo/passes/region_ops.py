@@ -50,12 +50,14 @@ def _call_region(t: Text, fn: str, scalars: list[tuple[str, str]], result_elems:
     return [t(f"tensor.extract {res}#{i}[] : tensor<{e}>") for i, e in enumerate(result_elems)]
 
 
-def _if(t: Text, cond: str, types: list[str], then_body, else_values: list[str]) -> list[str]:
+def _if(t: Text, cond: str, types: list[str], then_body, otherwise) -> list[str]:
+    """scf.if: `then_body` emits the taken branch and returns its values; `otherwise` is the
+    values of the other (computed before the if), or a function that emits them in its branch."""
     res = t.fresh("if")
     t.emit(f"{res}:{len(types)} = scf.if {cond} -> ({', '.join(types)}) {{")
     t.emit(f"scf.yield {', '.join(then_body())} : {', '.join(types)}")
     t.emit("} else {")
-    t.emit(f"scf.yield {', '.join(else_values)} : {', '.join(types)}")
+    t.emit(f"scf.yield {', '.join(otherwise() if callable(otherwise) else otherwise)} : {', '.join(types)}")
     t.emit("}")
     return [f"{res}#{i}" for i in range(len(types))]
 
@@ -303,21 +305,97 @@ def _pooling(op, t: Text, combine: str, window: list[int], strides: list[int], d
     return [res]
 
 
+def _scan_dim(op: ir.Operation, window: list[int | None]) -> int | None:
+    """The dim along which a reduce_window may be a cumulative op (cumsum, cummax, ...): the only
+    dim whose window is not known to be 1, of a size not known to exceed its window; None when
+    there is none or the op has several operands or a complex element type."""
+    wide = [d for d, w in enumerate(window) if w != 1]
+    if len(op.results) != 1 or _elem(op.operands[0]).startswith("complex") or len(wide) != 1:
+        return None
+    in_type = ir.RankedTensorType(op.operands[0].type)
+    dim = wide[0]
+    if window[dim] is not None and (in_type.is_dynamic_dim(dim) or in_type.shape[dim] > window[dim]):
+        return None  # a sliding window, never a prefix
+    return dim
+
+
+def _scan(t: Text, op, fn: str, dim: int, backward: str) -> str:
+    """A cumulative op in one pass: element i along `dim` is fn(result at i - 1, x[i]) (i + 1 when
+    `backward`, an i1 value), the first fn(init, x[first]); every other dim walks in row-major
+    order, so the element before is one the loops wrote last. O(n), nothing allocated per
+    element, the body's scalar code inlined."""
+    elem, ty = _elem(op.operands[0]), str(op.results[0].type)
+    dims = t.dims("%a0", op.operands[0].type)
+    init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
+    loops = Loops(t, dims, [(t.buffer(op.results[0].type, dims), ty)])
+    one, last = t.const(1), t(f"arith.subi {dims[dim]}, {t.const(1)} : index")
+    step = loops.ivs[dim]
+    pos = t(f"arith.select {backward}, {t(f'arith.subi {last}, {step} : index')}, {step} : index")
+    first = t(f"arith.cmpi eq, {step}, {t.const(0)} : index")
+    before = t(f"arith.select {backward}, {t(f'arith.addi {pos}, {one} : index')}, {t(f'arith.subi {pos}, {one} : index')} : index")
+    at = list(loops.ivs)
+    at[dim] = pos
+    prev = list(loops.ivs)
+    prev[dim] = t(f"arith.select {first}, {pos}, {before} : index")  # read in bounds, not used
+    out = loops.inner[0]
+    before_value = t(f"tensor.extract {out}[{', '.join(prev)}] : {ty}")
+    acc = t(f"arith.select {first}, {init}, {before_value} : {elem}")
+    x = t(f"tensor.extract %a0[{', '.join(at)}] : {op.operands[0].type}")
+    new = _call_region(t, fn, [(acc, elem), (x, elem)], [elem])[0]
+    return loops.close([t(f"tensor.insert {new} into {out}[{', '.join(at)}] : {ty}")])[0]
+
+
+def _scan_or(t: Text, op, fn: str, dim: int, window: list[str], strides: list[str], base_dil: list[str], win_dil: list[str],
+             pad_lo: list[str], pad_hi: list[str], general) -> list[str]:
+    """reduce_window as a scan (`_scan`) where, at run time, it is a cumulative op along `dim`:
+    unit strides and dilations, every other dim a window of 1 without padding, along `dim` a
+    window at least the dim's size padded by window - 1 in front (element i reduces 0..i) or
+    behind (i..n-1), and an init value the body leaves unchanged when combined with itself (0
+    for a sum, 1 for a product, any for max / min), so the padding's extra inits change nothing.
+    Otherwise `general()` (every parameter an index value)."""
+    one, zero = t.const(1), t.const(0)
+
+    def eq(a: str, b: str) -> str:
+        return t(f"arith.cmpi eq, {a}, {b} : index")
+    conds = [eq(v, one) for v in strides + base_dil + win_dil]
+    for d in range(len(window)):
+        if d != dim:
+            conds += [eq(window[d], one), eq(pad_lo[d], zero), eq(pad_hi[d], zero)]
+    reach = t(f"arith.subi {window[dim]}, {one} : index")
+    forward = _all(t, [eq(pad_lo[dim], reach), eq(pad_hi[dim], zero)])
+    backward = _all(t, [eq(pad_lo[dim], zero), eq(pad_hi[dim], reach)])
+    conds += [t(f"arith.cmpi sge, {window[dim]}, {t.dim('%a0', op.operands[0].type, dim)} : index"),
+              t(f"arith.ori {forward}, {backward} : i1")]
+    elem = _elem(op.operands[0])
+    init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
+    twice = _call_region(t, fn, [(init, elem), (init, elem)], [elem])[0]
+    if elem.startswith("ui"):  # arith compares signless integers; make_signless drops the casts
+        twice, init = (t(f"builtin.unrealized_conversion_cast {v} : {elem} to {elem[1:]}") for v in (twice, init))
+        elem = elem[1:]
+    conds.append(t(f"arith.cmpf oeq, {twice}, {init} : {elem}" if elem.startswith(("f", "bf")) else f"arith.cmpi eq, {twice}, {init} : {elem}"))
+    return _if(t, _all(t, conds), [str(op.results[0].type)], lambda: [_scan(t, op, fn, dim, backward)], general)
+
+
 @register_template("stablehlo.reduce_window")
 def _reduce_window(op, t: Text, state: LoweringState):
     rank = _rank(op.operands[0])
     padding = int_list(op, "padding") or [0] * (2 * rank)
-    combine = _window_combiner(op, op.regions[0].blocks[0], int_list(op, "base_dilations"))
-    if combine is not None and min(padding) >= 0:
-        return _pooling(op, t, combine, int_list(op, "window_dimensions"), int_list(op, "window_strides") or [1] * rank,
-                        int_list(op, "window_dilations") or [1] * rank, padding[0::2], padding[1::2])
-    n = len(op.results)
-
-    def attr(name, default):
-        return [t.const(v) for v in (int_list(op, name) or [default] * rank)]
+    window = int_list(op, "window_dimensions")
+    strides, base = int_list(op, "window_strides") or [1] * rank, int_list(op, "base_dilations") or [1] * rank
+    win_dil = int_list(op, "window_dilations") or [1] * rank
+    combine = _window_combiner(op, op.regions[0].blocks[0], base)
+    scan = _scan_dim(op, window)
+    if scan is None and combine is not None and min(padding) >= 0:
+        return _pooling(op, t, combine, window, strides, win_dil, padding[0::2], padding[1::2])
     fn = state.region_function(op.regions[0], "window_body", t)
-    return _window_reduce(t, op, fn, n, attr("window_dimensions", 1), attr("window_strides", 1), attr("base_dilations", 1),
-                          attr("window_dilations", 1), [t.const(p) for p in padding[0::2]], [t.const(p) for p in padding[1::2]])
+
+    def idx(values: list[int]) -> list[str]:
+        return [t.const(v) for v in values]
+    params = (idx(window), idx(strides), idx(base), idx(win_dil), idx(padding[0::2]), idx(padding[1::2]))
+
+    def general() -> list[str]:
+        return _window_reduce(t, op, fn, len(op.results), *params)
+    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general)
 
 
 def _is_dynamic_reduce_window(op: ir.Operation) -> bool:
@@ -333,33 +411,36 @@ def _dynamic_reduce_window(op, t: Text, state: LoweringState):
     pad = op.operands[2 * n + 4].type
     lo = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(0)]) for i in range(rank)]
     hi = [t.extract_index(f"%a{2 * n + 4}", pad, [t.const(i), t.const(1)]) for i in range(rank)]
-    fixed = [_constant_ints(op.operands[2 * n + k]) for k in range(4)]  # window, strides, base and window dilations
+    known = [_constant_elements(op.operands[2 * n + k]) for k in range(4)]  # window, strides, base and window dilations
+    fixed = [None if None in k else k for k in known]
     name = ir.FlatSymbolRefAttr(ir.ArrayAttr(op.attributes["called_computations"])[0]).value
     func = find_function(state.module, name)
+    scan = _scan_dim(op, known[0])
     combine = _window_combiner(op, func.regions[0].blocks[0], fixed[2]) if None not in fixed and func is not None else None
-    if combine is not None:  # padding is checked for >= 0 by JAX's own formula (SAME / VALID)
+    if scan is None and combine is not None:  # padding is checked for >= 0 by JAX's own formula (SAME / VALID)
         return _pooling(op, t, combine, fixed[0], fixed[1], fixed[3], lo, hi)
     fn = state.declare_function(name, t)
 
     def vec(k):
         return [t.extract_index(f"%a{2 * n + k}", op.operands[2 * n + k].type, [t.const(i)]) for i in range(rank)]
-    return _window_reduce(t, op, fn, n, vec(0), vec(1), vec(2), vec(3), lo, hi)
+    params = (vec(0), vec(1), vec(2), vec(3), lo, hi)
+
+    def general() -> list[str]:
+        return _window_reduce(t, op, fn, n, *params)
+    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general)
 
 
-def _constant_ints(v: ir.Value) -> list[int] | None:
-    """The elements of an integer vector that is a `stablehlo.constant` or a concatenation of
-    them (JAX builds window parameters so); None for any other value."""
-    if isinstance(v.owner, ir.Block):
-        return None
-    op = operation(v.owner)
-    if op.name == "stablehlo.concatenate" and _rank(v) == 1:
-        parts = [_constant_ints(x) for x in op.operands]
-        return None if None in parts else [x for part in parts for x in part]
-    if op.name != "stablehlo.constant" or _rank(v) != 1:
-        return None
+def _constant_elements(v: ir.Value) -> list[int | None]:
+    """The elements of an integer vector known at compile time (None for the others): a
+    `stablehlo.constant` or a concatenation of parts (JAX builds window parameters so)."""
+    size = ir.RankedTensorType(v.type).shape[0]
+    op = None if isinstance(v.owner, ir.Block) else operation(v.owner)
+    if op is not None and op.name == "stablehlo.concatenate":
+        return [x for part in op.operands for x in _constant_elements(part)]
+    if op is None or op.name != "stablehlo.constant":
+        return [None] * size
     attr = ir.DenseIntElementsAttr(op.attributes["value"])
-    n = ir.RankedTensorType(v.type).shape[0]
-    return [int(attr[0])] * n if attr.is_splat else [int(x) for x in attr]
+    return [int(attr[0])] * size if attr.is_splat else [int(x) for x in attr]
 
 
 @register_template("stablehlo.select_and_scatter")

@@ -1,0 +1,273 @@
+"""ATen ops torch-mlir cannot lower to StableHLO for dynamic shapes, or lowers to slower forms,
+rewritten in its torch-dialect module (between the FX import and the StableHLO conversion) into
+calls of functions written here in StableHLO between `torch_c` casts:
+
+- `aten.cumsum`: a `dynamic_reduce_window` over the whole dim (torch-mlir's own lowering needs
+  the dim static); compiled as a one-pass scan (passes/region_ops.py);
+- `aten.sort`: a `stablehlo.sort` with an index operand from `dynamic_iota` (torch-mlir's builds
+  a `stablehlo.iota` of dynamic shape, which StableHLO forbids), NaN above everything as in torch;
+- `aten.topk`: the k largest as JAX's `stablehlo.composite "chlo.top_k"` (a selection,
+  passes/top_k.py), along the last dim (others transposed there); the k smallest a sort and a slice.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_DTYPES = {"si64": "i64", "si32": "i32", "si16": "i16", "si8": "i8"}  # the rest are spelled alike
+
+
+def _builtin(torch_type: Any) -> tuple[list[int | None], str]:
+    """The shape (None for a dynamic dim) and builtin element type of a `!torch.vtensor`."""
+    m = re.fullmatch(r"!torch\.vtensor<\[([^\]]*)\],(\w+)>", str(torch_type))
+    if m is None:
+        raise ValueError(f"not a ranked value tensor: {torch_type}")
+    shape = [None if d == "?" else int(d) for d in m.group(1).split(",")] if m.group(1) else []
+    return shape, _DTYPES.get(m.group(2), m.group(2))
+
+
+def _tensor(shape: list[int | None], elem: str) -> str:
+    return f"tensor<{''.join(('?' if d is None else str(d)) + 'x' for d in shape)}{elem}>"
+
+
+def _constant_operand(value: Any) -> Any:
+    """The Python value of a `torch.constant.*` operand (None for `torch.constant.none`)."""
+    from torch_mlir import ir
+
+    op = value.owner
+    if op.name == "torch.constant.none":
+        return None
+    if op.name not in ("torch.constant.int", "torch.constant.bool"):
+        raise ValueError(f"expected a constant, got {op.name}")
+    attr = op.attributes["value"]
+    return ir.BoolAttr(attr).value if op.name == "torch.constant.bool" else ir.IntegerAttr(attr).value
+
+
+class _Body:
+    """The text of one function: fresh names and a few StableHLO idioms."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+
+    def __call__(self, rhs: str, results: int = 1) -> str:
+        self.n += 1
+        self.lines.append(f"%v{self.n}{'' if results == 1 else f':{results}'} = {rhs}")
+        return f"%v{self.n}"
+
+    def i32(self, value: int, size: int | None = None) -> str:
+        return self(f"stablehlo.constant dense<{value}> : tensor<{'' if size is None else f'{size}x'}i32>")
+
+    def size(self, x: str, shape: list[int | None], elem: str, dim: int) -> str:
+        """Dim `dim` of `x` as a tensor<1xi32>."""
+        n = self(f"stablehlo.get_dimension_size {x}, dim = {dim} : ({_tensor(shape, elem)}) -> tensor<i32>")
+        return self(f"stablehlo.reshape {n} : (tensor<i32>) -> tensor<1xi32>")
+
+    def vector(self, parts: list[str]) -> str:
+        """tensor<1xi32> parts concatenated."""
+        if len(parts) == 1:
+            return parts[0]
+        types = ", ".join(["tensor<1xi32>"] * len(parts))
+        return self(f"stablehlo.concatenate {', '.join(parts)}, dim = 0 : ({types}) -> tensor<{len(parts)}xi32>")
+
+    def shape(self, x: str, shape: list[int | None], elem: str) -> str:
+        return self.vector([self.size(x, shape, elem, d) for d in range(len(shape))])
+
+
+def _is_float(elem: str) -> bool:
+    return elem.startswith(("f", "bf"))
+
+
+def _comparator(elem: str, descending: bool) -> str:
+    """The region of a stable sort of (values, i64 indices): ascending or descending, NaN above
+    every number and NaNs alike, as torch orders them."""
+    s = f"tensor<{elem}>"
+    lines = [f"^bb0(%a: {s}, %b: {s}, %i: tensor<i64>, %j: tensor<i64>):"]
+    if _is_float(elem):
+        lines += [f"%before = stablehlo.compare {'GT' if descending else 'LT'}, %a, %b, FLOAT : ({s}, {s}) -> tensor<i1>",
+                  f"%nan_a = stablehlo.compare NE, %a, %a, FLOAT : ({s}, {s}) -> tensor<i1>",
+                  f"%nan_b = stablehlo.compare NE, %b, %b, FLOAT : ({s}, {s}) -> tensor<i1>",
+                  f"%number = stablehlo.not {'%nan_b' if descending else '%nan_a'} : tensor<i1>",
+                  f"%nan_first = stablehlo.and {'%nan_a' if descending else '%nan_b'}, %number : tensor<i1>",
+                  "%r = stablehlo.or %before, %nan_first : tensor<i1>"]
+    else:
+        kind = "UNSIGNED" if elem.startswith("ui") or elem == "i1" else "SIGNED"
+        lines.append(f"%r = stablehlo.compare {'GT' if descending else 'LT'}, %a, %b, {kind} : ({s}, {s}) -> tensor<i1>")
+    return "\n    ".join(lines + ["stablehlo.return %r : tensor<i1>"])
+
+
+def _sort(b: _Body, x: str, shape: list[int | None], elem: str, dim: int, descending: bool) -> tuple[str, str]:
+    """Values and i64 positions of `x` sorted along `dim`, stably."""
+    index_type = _tensor(shape, "i64")
+    iota = b(f"stablehlo.dynamic_iota {b.shape(x, shape, elem)}, dim = {dim} : (tensor<{len(shape)}xi32>) -> {index_type}")
+    ty = _tensor(shape, elem)
+    name = b(f'"stablehlo.sort"({x}, {iota}) <{{dimension = {dim} : i64, is_stable = true}}> ({{\n    '
+             f"{_comparator(elem, descending)}\n  }}) : ({ty}, {index_type}) -> ({ty}, {index_type})", results=2)
+    return f"{name}#0", f"{name}#1"
+
+
+def _function(name: str, params: list[str], results: list[str], body: _Body, returned: list[str]) -> str:
+    args = ", ".join(f"%p{i}: {t}" for i, t in enumerate(params))
+    text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}"])
+    return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
+
+
+class _Rewriter:
+    """Replaces ops of the torch-dialect module by calls of new function declarations, and keeps
+    the functions' StableHLO text to define them once the module is StableHLO (the conversion
+    turns the declarations' torch types into builtin tensor types; torch-mlir's Python bindings
+    parse neither StableHLO nor `torch_c`)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module, self.count = module, 0
+        self.definitions: list[str] = []
+
+    def name(self, stem: str) -> str:
+        self.count += 1
+        return f"__disc_torch_{stem}_{self.count}"
+
+    def replace(self, op: Any, stem: str, tensor_operands: list[Any], build) -> None:
+        """`build(body, operand names) -> (result names, extra functions)` writes the function body."""
+        from torch_mlir import ir
+
+        name = self.name(stem)
+        body = _Body()
+        params = [_tensor(*_builtin(v.type)) for v in tensor_operands]
+        values, extra = build(body, [f"%p{i}" for i in range(len(params))])
+        results = [_tensor(*_builtin(r.type)) for r in op.results]
+        self.definitions += [_function(name, params, results, body, values)] + extra
+        types = ir.FunctionType.get([v.type for v in tensor_operands], [r.type for r in op.results])
+        with ir.InsertionPoint.at_block_begin(self.module.body), op.location:
+            ir.Operation.create("func.func", attributes={"sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(types),
+                                                         "sym_visibility": ir.StringAttr.get("private")}, regions=1)
+        with ir.InsertionPoint(op), op.location:
+            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=tensor_operands,
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+
+    def cumsum(self, op: Any) -> None:
+        x, dim = op.operands[0], _constant_operand(op.operands[1])
+        shape, elem = _builtin(x.type)
+        out_elem = _builtin(op.results[0].type)[1]
+        rank = len(shape)
+        dim %= rank
+        add = self.name("add")
+
+        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+            v = args[0]
+            if out_elem != elem:
+                v = b(f"stablehlo.convert {v} : ({_tensor(shape, elem)}) -> {_tensor(shape, out_elem)}")
+            zero = b(f"stablehlo.constant dense<{'0.0' if _is_float(out_elem) else '0'}> : tensor<{out_elem}>")
+            n = b.size(v, shape, out_elem, dim)
+            one, nothing = b.i32(1, 1), b.i32(0, 1)
+            window = b.vector([n if d == dim else one for d in range(rank)])
+            before = b(f"stablehlo.add {n}, {b.i32(-1, 1)} : tensor<1xi32>")
+            pads = b.vector([p for d in range(rank) for p in ((before, nothing) if d == dim else (nothing, nothing))])
+            padding = b(f"stablehlo.reshape {pads} : (tensor<{2 * rank}xi32>) -> tensor<{rank}x2xi32>")
+            ones = b.i32(1, rank)
+            ty = _tensor(shape, out_elem)
+            vec = f"tensor<{rank}xi32>"
+            y = b(f"stablehlo.custom_call @stablehlo.dynamic_reduce_window({v}, {zero}, {window}, {ones}, {ones}, {ones}, {padding}) "
+                  f"{{api_version = 2 : i32, called_computations = [@{add}]}} : "
+                  f"({ty}, tensor<{out_elem}>, {vec}, {vec}, {vec}, {vec}, tensor<{rank}x2xi32>) -> {ty}")
+            s = f"tensor<{out_elem}>"
+            body = (f"func.func private @{add}(%a: {s}, %b: {s}) -> {s} {{\n  %r = stablehlo.add %a, %b : {s}\n"
+                    f"  return %r : {s}\n}}")
+            return [y], [body]
+        self.replace(op, "cumsum", [x], build)
+
+    def sort(self, op: Any) -> None:
+        x, dim, descending = op.operands[0], _constant_operand(op.operands[1]), _constant_operand(op.operands[2])
+        shape, elem = _builtin(x.type)
+
+        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+            return list(_sort(b, args[0], shape, elem, dim % len(shape), descending)), []
+        self.replace(op, "sort", [x], build)
+
+    def topk(self, op: Any) -> None:
+        x = op.operands[0]
+        k, dim, largest = (_constant_operand(v) for v in op.operands[1:4])
+        shape, elem = _builtin(x.type)
+        rank = len(shape)
+        dim %= rank
+        perm = [d for d in range(rank) if d != dim] + [dim]  # the selected dim last
+        moved = [shape[d] for d in perm]
+        kept = moved[:-1] + [k]
+        select = self.name("top_k")
+
+        def transpose(b: _Body, v: str, src: list[int | None], e: str, order: list[int]) -> str:
+            if order == list(range(rank)):
+                return v
+            dst = [src[d] for d in order]
+            return b(f"stablehlo.transpose {v}, dims = [{', '.join(map(str, order))}] : ({_tensor(src, e)}) -> {_tensor(dst, e)}")
+
+        def selection() -> str:
+            """The k first of the sorted row: the composite's decomposition, or the op itself."""
+            b = _Body()
+            values, order = _sort(b, "%p0", moved, elem, rank - 1, largest)
+            limits = b.vector([b.size("%p0", moved, elem, d) for d in range(rank - 1)] + [b.i32(k, 1)])
+            zeros, ones = b.i32(0, rank), b.i32(1, rank)
+            vec = f"tensor<{rank}xi32>"
+            outs = [b(f"stablehlo.real_dynamic_slice {v}, {zeros}, {limits}, {ones} : ({_tensor(moved, e)}, {vec}, {vec}, {vec}) -> {_tensor(kept, e)}")
+                    for v, e in ((values, elem), (order, "i64"))]
+            return _function(select, [_tensor(moved, elem)], [_tensor(kept, elem), _tensor(kept, "i64")], b, outs)
+
+        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+            v = transpose(b, args[0], shape, elem, perm)
+            types = f"({_tensor(moved, elem)}) -> ({_tensor(kept, elem)}, {_tensor(kept, 'i64')})"
+            if largest:
+                res = b(f'stablehlo.composite "chlo.top_k" {v} {{composite_attributes = {{k = {k} : i64}}, '
+                        f"decomposition = @{select}}} : {types}", results=2)
+            else:
+                res = b(f"func.call @{select}({v}) : {types}", results=2)
+            back = [perm.index(d) for d in range(rank)]
+            return [transpose(b, f"{res}#0", kept, elem, back), transpose(b, f"{res}#1", kept, "i64", back)], [selection()]
+        self.replace(op, "topk", [x], build)
+
+
+# torch-dialect op -> rewrite; aten.topk must be kept from torch-mlir's own decomposition (a sort)
+REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk}
+LEGAL_OPS = ["aten.topk"]
+
+
+def rewrite_torch_ops(module: Any) -> list[str]:
+    """Applies `REWRITES` to every op of the torch-dialect module they name; returns the text of
+    the functions the new calls need (`define_functions`, once the module is StableHLO)."""
+    from ..mlir_support import walk
+
+    rewriter = _Rewriter(module)
+    with module.context:
+        for op in [op for op in walk(module.operation) if op.name in REWRITES]:
+            REWRITES[op.name](rewriter, op)
+    return rewriter.definitions
+
+
+def define_functions(module: Any, definitions: list[str]) -> None:
+    """Replaces the StableHLO module's declarations by these definitions (the helpers they call
+    are added)."""
+    from torch_mlir import ir
+
+    from ..mlir_support import find_function, operation
+
+    if not definitions:
+        return
+    parsed = ir.Module.parse("\n".join(definitions), module.context)  # must outlive the moves
+    for f in list(parsed.body.operations):
+        f = operation(f)
+        declared = find_function(module, ir.StringAttr(f.attributes["sym_name"]).value)
+        f.move_before(module.body.operations[0])
+        if declared is not None:
+            declared.erase()
+
+
+def to_stablehlo(module: Any) -> None:
+    """torch-mlir's torch-to-StableHLO pipeline without its final check that only StableHLO is
+    left: the calls of the functions `define_functions` adds are left too."""
+    from torch_mlir.passmanager import PassManager
+
+    with module.context:
+        full = str(PassManager.parse("builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"))
+        PassManager.parse(full.replace("torch-verify-stablehlo-backend-contract,", "")).run(module.operation)
