@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from .lower import LoweringState, Text, register_rewrite
+from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
@@ -198,3 +198,72 @@ def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> ir
         return None
     perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
     return consumer if perm[-1] == batch + rows else None
+
+
+def _is_integer_dot(op: ir.Operation) -> bool:
+    """Integer operands and result; booleans (whose product is `and` and sum `or`) excepted."""
+    elems = [ir.RankedTensorType(v.type).element_type for v in [*op.operands, op.result]]
+    return all(isinstance(e, ir.IntegerType) and ir.IntegerType(e).width > 1 for e in elems)
+
+
+def _widen(t: Text, v: str, src: ir.IntegerType, dst: ir.IntegerType) -> str:
+    """An integer operand converted to the product's type as StableHLO converts (unsigned zero-,
+    signed and signless sign-extended)."""
+    if src.width == dst.width:
+        return v
+    if src.width > dst.width:
+        return t(f"arith.trunci {v} : i{src.width} to i{dst.width}")
+    return t(f"arith.{'extui' if src.is_unsigned or src.width == 1 else 'extsi'} {v} : i{src.width} to i{dst.width}")
+
+
+@register_template("stablehlo.dot_general", when=_is_integer_dot)
+def _integer_dot(op, t: Text, state: LoweringState):
+    """An integer dot_general (no BLAS has one) as one loop nest ordered for vectorisation:
+    batch, the lhs's free dims, then, when the rhs's innermost dim is a free one, the contracted
+    dims before the rhs's free dims (C[i, :] += A[i, k] * B[k, :]: a vector loop over the row),
+    else after them (a dot product per element, vectorised as a reduction)."""
+    dn = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
+    rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
+    lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (*op.operands, op.result))
+    lf = [d for d in range(lhs_t.rank) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs_t.rank) if d not in rb and d not in rc]
+    row_inner = rhs_t.rank - 1 in rf
+    # loop dims: batch, lhs free, then contracted / rhs free in the chosen order
+    order = ["b"] * len(lb) + ["m"] * len(lf) + (["k"] * len(lc) + ["n"] * len(rf) if row_inner else ["n"] * len(rf) + ["k"] * len(lc))
+    pos = {kind: [i for i, o in enumerate(order) if o == kind] for kind in "bmkn"}
+    lhs_map, rhs_map = [None] * lhs_t.rank, [None] * rhs_t.rank
+    for dims, loops in ((lb, pos["b"]), (lf, pos["m"]), (lc, pos["k"])):
+        for d, loop in zip(dims, loops):
+            lhs_map[d] = loop
+    for dims, loops in ((rb, pos["b"]), (rf, pos["n"]), (rc, pos["k"])):
+        for d, loop in zip(dims, loops):
+            rhs_map[d] = loop
+    out_map = pos["b"] + pos["m"] + pos["n"]
+    domain = ", ".join(f"d{i}" for i in range(len(order)))
+
+    def amap(loops: list[int]) -> str:
+        return f"affine_map<({domain}) -> ({', '.join(f'd{i}' for i in loops)})>"
+    out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
+    elem = out_t.element_type
+    acc_type = f"i{elem.width}"
+    ty = str(op.result.type)
+    zero = t.const(0, str(elem)) if elem.is_signless else t(f"builtin.unrealized_conversion_cast {t.const(0, acc_type)} : {acc_type} to {elem}")
+    init = t(f"linalg.fill ins({zero} : {elem}) outs({t.empty(op.result.type, out_dims)} : {ty}) -> {ty}")
+    kinds = ", ".join('"reduction"' if o == "k" else '"parallel"' for o in order)
+    res = t.fresh("dot")
+    t.emit(f"{res} = linalg.generic {{indexing_maps = [{amap(lhs_map)}, {amap(rhs_map)}, {amap(out_map)}], "
+           f"iterator_types = [{kinds}]}} ins(%a0, %a1 : {lhs_t}, {rhs_t}) outs({init} : {ty}) {{")
+    le, re_ = lhs_t.element_type, rhs_t.element_type
+    t.emit(f"^bb0(%x: {le}, %y: {re_}, %acc: {elem}):")
+    signless = []
+    for name, e in (("%x", le), ("%y", re_), ("%acc", elem)):
+        signless.append(name if e.is_signless else t(f"builtin.unrealized_conversion_cast {name} : {e} to i{e.width}"))
+    x = _widen(t, signless[0], ir.IntegerType(le), ir.IntegerType(elem))
+    y = _widen(t, signless[1], ir.IntegerType(re_), ir.IntegerType(elem))
+    total = t(f"arith.addi {signless[2]}, {t(f'arith.muli {x}, {y} : {acc_type}')} : {acc_type}")
+    if not elem.is_signless:
+        total = t(f"builtin.unrealized_conversion_cast {total} : {acc_type} to {elem}")
+    t.emit(f"linalg.yield {total} : {elem}")
+    t.emit(f"}} -> {ty}")
+    return [res]
