@@ -1,5 +1,6 @@
 """Real models from transformers and torchvision, random weights from their configs: BERT-base,
-GPT-2 small, a LLaMA-style 4-layer decoder, ResNet-50 and MobileNetV3-Large. Per model, side by
+GPT-2 small, a LLaMA-style 4-layer decoder, ViT-B/16 (dynamic batch: its position table fixes
+the image size), ResNet-50 and MobileNetV3-Large. Per model, side by
 side in one process with the same threads and the same torch tensors as inputs:
 
 - disc_stablehlo: `disc.compile` once with dynamic batch and sequence / image size;
@@ -11,7 +12,7 @@ calls", compilation included: disc_stablehlo's `disc.compile` is counted there t
 median of --reps calls per shape, the shapes taken round robin. Writes benchmarks/models.json (a
 run of some models replaces their rows) and benchmarks/models.png.
 
-    python benchmarks/models.py [--models bert,gpt2,llama,resnet50,mobilenet] [--reps 5]
+    python benchmarks/models.py [--models bert,gpt2,llama,vit,resnet50,mobilenet] [--reps 5]
 """
 
 from __future__ import annotations
@@ -75,17 +76,21 @@ def text_model(name: str):
 
 def vision_model(name: str):
     tv = _torchvision()
-    model = (tv.models.resnet50() if name == "resnet50" else tv.models.mobilenet_v3_large()).eval()
+    model = {"resnet50": tv.models.resnet50, "mobilenet": tv.models.mobilenet_v3_large, "vit": tv.models.vit_b_16}[name]().eval()
 
     def inputs(b: int, s: int):
         return (torch.randn(b, 3, s, s, generator=torch.Generator().manual_seed(b * 1000 + s)),)
 
+    if name == "vit":  # its position table fixes the image size: dynamic batch only
+        return model, inputs, [(1, 224), (4, 224), (8, 224)], (inputs(2, 224), {"x": {0: Dim("batch", max=64)}})
     dims = {0: Dim("batch", max=64), 2: Dim("h", min=64, max=1024), 3: Dim("w", min=64, max=1024)}
     return model, inputs, [(1, 224), (4, 224), (2, 320)], (inputs(2, 224), {"x": dims})
 
 
-MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "resnet50": vision_model, "mobilenet": vision_model}
-LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "resnet50": "ResNet-50", "mobilenet": "MobileNetV3-L"}
+MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "vit": vision_model, "resnet50": vision_model,
+          "mobilenet": vision_model}
+LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "vit": "ViT-B/16", "resnet50": "ResNet-50",
+          "mobilenet": "MobileNetV3-L"}
 
 
 def measure(name: str, reps: int) -> dict:

@@ -39,6 +39,24 @@ def test_torch_convolutions_in_nchw_run_as_gemms():
         assert _gemm_calls(f) - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
 
 
+@pytest.mark.parametrize("conv, shape", [("Conv1d", (3, 4, 37)), ("Conv3d", (2, 4, 9, 10, 7))])
+def test_torch_1d_and_3d_convolutions_as_one_gemm_per_image(conv, shape):
+    """Channels-first convolutions of any rank: out[b] = kernel x patches[b] (a 1x1 with unit
+    strides reads the input itself; a 1x1 with stride 2 copies its patches)."""
+    torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
+    from torch.export import Dim
+
+    torch.manual_seed(1)
+    layer = getattr(torch.nn, conv)
+    model = torch.nn.Sequential(layer(4, 6, 3, padding=1), layer(6, 5, 1), layer(5, 3, 1, stride=2)).eval()
+    dims = {0: Dim("b", max=8), len(shape) - 1: Dim("s", min=4, max=64)}
+    f = disc.compile(model, (torch.randn(*shape),), dynamic_shapes=(dims,))
+    for b, s in [(1, 4), (2, 23), (5, 40)]:
+        x = torch.randn(b, *shape[1:-1], s)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_jax_convolutions_in_nhwc_run_as_gemms():
     b, h, w = export.symbolic_shape("b, h, w", constraints=["h >= 8", "w >= 8"])
     rng = np.random.default_rng(0)

@@ -1,10 +1,14 @@
 """Convolutions, in every layout: the input is padded (lhs dilation becomes interior padding), then
 
-- ungrouped f32/f64 convolutions become a GEMM through the RAL: one linalg.generic copies the
-  windows into a patch matrix ([batch, output positions..., window dims in the kernel's memory
-  order], so the kernel is its other operand as it is stored, never copied), a `dot_general`
-  multiplies it with the kernel (the BLAS rewrite takes it), and the product is transposed into
-  the output layout (written in place by the GEMM);
+- ungrouped f32/f64 convolutions become GEMMs through the RAL. Channels first (PyTorch's
+  layout): one GEMM per image, out[b] = kernel x patches[b], the patches [batch, input features,
+  window..., output positions...] copied with the positions innermost (a 1x1 convolution with
+  unit strides reads the input itself), the kernel read as stored with batch stride 0, the
+  output written in its own layout. Other layouts: one linalg.generic copies the windows into a
+  patch matrix ([batch, output positions..., window dims in the kernel's memory order], so the
+  kernel is its other operand as it is stored, never copied), a `dot_general` multiplies it
+  with the kernel (the BLAS rewrite takes it), and the product is transposed into the output
+  layout (written in place by the GEMM);
 - the others (grouped and depthwise convolutions, integer types, window reversal) are one
   linalg.generic whose affine maps encode the layout, window strides, rhs dilation, window
   reversal and feature groups, reducing over the window and the input features of the output
@@ -19,7 +23,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad
-from .library_calls import GEMM_ELEMENT_TYPES
+from .library_calls import GEMM_ELEMENT_TYPES, gemm_call, identity_buffer, pointer
 from .lower import Text, register_template
 
 
@@ -115,6 +119,8 @@ def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims
     """The convolution as patch matrix x kernel (see the module's docstring)."""
     rhs_t, out_t = ir.RankedTensorType(op.operands[1].type), ir.RankedTensorType(op.result.type)
     n = len(dn.input_spatial_dimensions)
+    if _channels_first(dn, n):
+        return _gemm_channels_first(t, op, padded, padded_type, out_dims, strides, rhs_dil, elem)
     window = sorted(d for d in range(rhs_t.rank) if d != dn.kernel_output_feature_dimension)  # kernel memory order
     # patches[b, o_0..o_{n-1}, k...]: iteration dims d0 (batch), d1..dn (output positions), then one per window dim
     lhs = [""] * (n + 2)
@@ -150,3 +156,74 @@ def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims
     if perm == sorted(perm):
         return t(f"tensor.cast {product} : {product_type} to {out_t}") if product_type != str(out_t) else product
     return t(f"stablehlo.transpose {product}, dims = [{', '.join(map(str, perm))}] : ({product_type}) -> {out_t}")
+
+
+def _channels_first(dn, n: int) -> bool:
+    """PyTorch's layout: input and output [batch, features, spatial...], kernel [out, in, spatial...]."""
+    spatial = list(range(2, n + 2))
+    return (dn.input_batch_dimension, dn.input_feature_dimension, list(dn.input_spatial_dimensions)) == (0, 1, spatial) and (
+        dn.kernel_output_feature_dimension, dn.kernel_input_feature_dimension, list(dn.kernel_spatial_dimensions)) == (0, 1, spatial) and (
+        dn.output_batch_dimension, dn.output_feature_dimension, list(dn.output_spatial_dimensions)) == (0, 1, spatial)
+
+
+def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: str, out_dims: list[str], strides: list[int],
+                         rhs_dil: list[int], elem: str) -> str:
+    """A channels-first convolution as one GEMM per image, out[b] (O x P) = kernel (O x K) x
+    patches[b] (K x P), K = input features x window, P = output positions: the kernel as stored
+    (the same for every image: batch stride 0), the output written in its own layout. The
+    patches [b, in, window..., out positions...] are copied with the positions innermost, rows
+    read along the input's rows; a 1x1 convolution with unit strides reads the input itself."""
+    rhs_t, out_t = ir.RankedTensorType(op.operands[1].type), ir.RankedTensorType(op.result.type)
+    padded_t = ir.RankedTensorType(ir.Type.parse(padded_type))
+    n = out_t.rank - 2
+    window = [rhs_t.shape[2 + s] for s in range(n)]
+    features = rhs_t.shape[1]
+    batch, out_features = out_dims[0], t.const(rhs_t.shape[0])
+    k = t.const(features * _product(window))
+    positions = t.const(1)
+    for d in out_dims[2:]:
+        positions = t(f"arith.muli {positions}, {d} : index")
+    if all(w == 1 for w in window) and all(s == 1 for s in strides):
+        patches, patches_type = padded, padded_type  # [b, in, spatial...] is [b, K, P] already
+    else:
+        # patches[b, c, w_0.., o_0..] = padded[b, c, o_s * stride + w_s * dilation]
+        rank = 2 + 2 * n
+        all_dims = ", ".join(f"d{i}" for i in range(rank))
+        read = ["d0", "d1"] + [f"d{2 + n + s} * {strides[s]} + d{2 + s} * {rhs_dil[s]}" for s in range(n)]
+        shape = ["?" if padded_t.is_dynamic_dim(0) else str(padded_t.shape[0]), str(features)] + [str(w) for w in window] + [
+            "?" if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s]) for s in range(n)]
+        patches_type = f"tensor<{'x'.join(shape)}x{elem}>"
+        dynamic = [batch] * padded_t.is_dynamic_dim(0) + [out_dims[2 + s] for s in range(n) if out_t.is_dynamic_dim(2 + s)]
+        empty = t(f"tensor.empty({', '.join(dynamic)}) : {patches_type}")
+        patches = t.fresh("patches")
+        parallel = ", ".join(['"parallel"'] * rank)
+        t.emit(f"{patches} = linalg.generic {{indexing_maps = [affine_map<({all_dims}) -> ({', '.join(read)})>, "
+               f"affine_map<({all_dims}) -> ({all_dims})>], iterator_types = [{parallel}]}} "
+               f"ins({padded} : {padded_type}) outs({empty} : {patches_type}) {{\n"
+               f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {patches_type}")
+    patches_buffer, patches_mtype = identity_buffer(t, patches, ir.Type.parse(patches_type), elem)
+    kernel_buffer, kernel_mtype = identity_buffer(t, "%a1", rhs_t, elem)
+    result_mtype = f"memref<?x{rhs_t.shape[0]}x?x{elem}>"
+    result = t(f"memref.alloc({batch}, {positions}) : {result_mtype}")
+    zero = t.const(0)
+    gemm_call(t, elem, [batch, t.const(1), out_features, positions, k],
+              pointer(t, kernel_buffer, kernel_mtype, elem), [zero, zero, k, t.const(1)],
+              pointer(t, patches_buffer, patches_mtype, elem), [t(f"arith.muli {k}, {positions} : index"), zero, positions, t.const(1)],
+              pointer(t, result, result_mtype, elem), [t(f"arith.muli {out_features}, {positions} : index"), zero, positions])
+    flat = t(f"bufferization.to_tensor {result} restrict writable : {result_mtype} to tensor<?x{rhs_t.shape[0]}x?x{elem}>")
+    flat_type = f"tensor<?x{rhs_t.shape[0]}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _product(out_t.shape[2:])}x{elem}>"
+    if flat_type != f"tensor<?x{rhs_t.shape[0]}x?x{elem}>":  # static positions
+        flat = t(f"tensor.cast {flat} : tensor<?x{rhs_t.shape[0]}x?x{elem}> to {flat_type}")
+    shape = ", ".join([batch, str(rhs_t.shape[0])] + [str(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else out_dims[d]
+                                                       for d in range(2, out_t.rank)])
+    expanded = f"tensor<?x{rhs_t.shape[0]}x{''.join(('?' if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s])) + 'x' for s in range(n))}{elem}>"
+    value = t(f"tensor.expand_shape {flat} [[0], [1], [{', '.join(str(2 + s) for s in range(n))}]] output_shape [{shape}] "
+              f": {flat_type} into {expanded}")
+    return t(f"tensor.cast {value} : {expanded} to {out_t}") if expanded != str(out_t) else value
+
+
+def _product(values: list[int]) -> int:
+    total = 1
+    for v in values:
+        total *= v
+    return total

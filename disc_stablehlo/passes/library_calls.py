@@ -14,7 +14,7 @@ GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 
-def _pointer(t: Text, buffer: str, btype: str, elem: str) -> str:
+def pointer(t: Text, buffer: str, btype: str, elem: str) -> str:
     """The address of a buffer's first element (identity layout: no offset)."""
     rank = ir.MemRefType(ir.Type.parse(btype)).rank
     meta = t.fresh("meta")
@@ -37,7 +37,7 @@ def _memref_type(vtype: ir.Type, elem: str) -> str:
     return f"memref<{''.join(('?' if rt.is_dynamic_dim(i) else str(rt.shape[i])) + 'x' for i in range(rt.rank))}{elem}>"
 
 
-def _identity_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
+def identity_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
     """`value` as a buffer in row-major order (bufferization copies a view that is not)."""
     mtype = _memref_type(vtype, elem)
     return t(f"bufferization.to_buffer {value} read_only : {vtype} to {mtype}"), mtype
@@ -57,13 +57,13 @@ def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem:
     perm = batch + rows + cols
     if (perm != list(range(rt.rank)) and len(batch) <= 2 and len(rows) <= 1 and len(cols) <= 1
             and rt.rank - 1 in rows + cols):  # the contiguous dim is the rows' or the columns'
-        buffer, mtype = _identity_buffer(t, value, vtype, elem)
+        buffer, mtype = identity_buffer(t, value, vtype, elem)
         strides = [_product(t, dims[d + 1:]) for d in range(rt.rank)]
         zero = t.const(0)
         outer, inner_stride = ([zero, zero] + [strides[d] for d in batch])[-2:]
         rows_stride, cols_stride = (strides[g[0]] if g else zero for g in (rows, cols))
         sizes = [_product(t, [dims[d] for d in g]) for g in groups]
-        return _pointer(t, buffer, mtype, elem), [outer, inner_stride, rows_stride, cols_stride], sizes
+        return pointer(t, buffer, mtype, elem), [outer, inner_stride, rows_stride, cols_stride], sizes
     ttype = str(vtype)
     if perm != list(range(rt.rank)):
         ttype = f"tensor<{''.join(f'{rt.shape[p] if not rt.is_dynamic_dim(p) else chr(63)}x' for p in perm)}{elem}>"
@@ -71,9 +71,9 @@ def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem:
     sizes = [_product(t, [dims[d] for d in g]) for g in groups]
     shape = t(f"tensor.from_elements {', '.join(sizes)} : tensor<3xindex>")
     flat = t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>")
-    buffer, mtype = _identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem)
+    buffer, mtype = identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem)
     entry, row = t(f"arith.muli {sizes[1]}, {sizes[2]} : index"), sizes[2]
-    return _pointer(t, buffer, mtype, elem), [t(f"arith.muli {entry}, {inner} : index"), entry, row, t.const(1)], sizes
+    return pointer(t, buffer, mtype, elem), [t(f"arith.muli {entry}, {inner} : index"), entry, row, t.const(1)], sizes
 
 
 def _unflatten(t: Text, c: str, elem: str, out_t: ir.RankedTensorType, group_sizes: list[int], out_dims: list[str]) -> str:
@@ -165,16 +165,8 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
         stride = {p: _product(t, rdims[i + 1:]) for i, p in enumerate(perm)}  # product dim -> stride in the result
         zero = t.const(0)
         sc = ([zero, zero] + [stride[d] for d in range(len(lb))])[-2:] + [stride[len(lb)] if lf else n]
-    pc = _pointer(t, mc, ctype, elem)
     outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {t.const(1)} : index')} : index")
-    ints = [t(f"arith.index_cast {d} : index to i64") for d in [outer, inner, m, n, k] + sa + sb + sc]
-    fn = f"disc_ral_gemm_{elem}"
-    sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, "
-           "i64, i64, i64) -> ()")
-    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:13] + [pc] + ints[13:]
-    strided = f" {{{STRIDED_RESULT_ATTR}}}" if consumer is not None else ""  # no epilogue reads it row by row
-    t.emit(f"func.call @{fn}({', '.join(args)}){strided} : {sig}")
-    t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
+    gemm_call(t, elem, [outer, inner, m, n, k], pa, sa, pb, sb, pointer(t, mc, ctype, elem), sc, strided=consumer is not None)
     name = state.fresh_symbol("gemm")
     if consumer is None:
         dyn3 = f"tensor<?x?x?x{elem}>"
@@ -185,6 +177,21 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     replaced = consumer or op
     t.emit(f"return {result} : {replaced.result.type}")
     state.replace_with_call(op, t.function(name, op, [replaced.result.type]), name, replaced)
+
+
+def gemm_call(t: Text, elem: str, sizes: list[str], pa: str, sa: list[str], pb: str, sb: list[str], pc: str, sc: list[str],
+              strided: bool = False) -> None:
+    """Emits the RAL's batched GEMM: `sizes` [outer batch, inner batch, m, n, k] (index values),
+    A, B and C by address with their element strides ([outer, inner, rows, columns] for A and B,
+    [outer, inner, rows] for C, whose columns are contiguous); `strided` when C is a transposed
+    result no epilogue may read row by row."""
+    ints = [t(f"arith.index_cast {d} : index to i64") for d in sizes + sa + sb + sc]
+    fn = f"disc_ral_gemm_{elem}"
+    sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, "
+           "i64, i64, i64) -> ()")
+    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:13] + [pc] + ints[13:]
+    t.emit(f"func.call @{fn}({', '.join(args)}){f' {{{STRIDED_RESULT_ATTR}}}' if strided else ''} : {sig}")
+    t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
 
 
 def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> ir.Operation | None:
