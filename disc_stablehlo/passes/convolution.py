@@ -23,7 +23,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad
-from .library_calls import GEMM_ELEMENT_TYPES, gemm_call, identity_buffer, pointer
+from .library_calls import GEMM_ELEMENT_TYPES, _static_product, gemm_call, identity_buffer, pointer
 from .lower import Text, register_template
 
 
@@ -133,19 +133,12 @@ def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims
             s = list(dn.kernel_spatial_dimensions).index(kd)
             lhs[dn.input_spatial_dimensions[s]] = f"d{1 + s} * {strides[s]} + {it} * {rhs_dil[s]}"
     rank = n + 1 + len(window)
-    all_dims = ", ".join(f"d{i}" for i in range(rank))
     rows = [out_dims[dn.output_batch_dimension]] + [out_dims[d] for d in dn.output_spatial_dimensions]
     row_static = [out_t.shape[dn.output_batch_dimension] if not out_t.is_dynamic_dim(dn.output_batch_dimension) else None] + [
         out_t.shape[d] if not out_t.is_dynamic_dim(d) else None for d in dn.output_spatial_dimensions]
     shape = ["?" if s is None else str(s) for s in row_static] + [str(rhs_t.shape[d]) for d in window]
     patches_type = f"tensor<{'x'.join(shape)}x{elem}>"
-    empty = t(f"tensor.empty({', '.join(r for r, s in zip(rows, row_static) if s is None)}) : {patches_type}")
-    patches = t.fresh("patches")
-    parallel = ", ".join(['"parallel"'] * rank)
-    t.emit(f"{patches} = linalg.generic {{indexing_maps = [affine_map<({all_dims}) -> ({', '.join(lhs)})>, "
-           f"affine_map<({all_dims}) -> ({all_dims})>], iterator_types = [{parallel}]}} "
-           f"ins({padded} : {padded_type}) outs({empty} : {patches_type}) {{\n"
-           f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {patches_type}")
+    patches = _copy_windows(t, padded, padded_type, lhs, patches_type, [r for r, s in zip(rows, row_static) if s is None], elem)
     # [b, o..., out features], then into the output's layout
     product_dims = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
     product_type = f"tensor<{'x'.join('?' if out_t.is_dynamic_dim(d) else str(out_t.shape[d]) for d in product_dims)}x{elem}>"
@@ -156,6 +149,21 @@ def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims
     if perm == sorted(perm):
         return t(f"tensor.cast {product} : {product_type} to {out_t}") if product_type != str(out_t) else product
     return t(f"stablehlo.transpose {product}, dims = [{', '.join(map(str, perm))}] : ({product_type}) -> {out_t}")
+
+
+def _copy_windows(t: Text, padded: str, padded_type: str, read: list[str], patches_type: str, dynamic_sizes: list[str],
+                  elem: str) -> str:
+    """The patch matrix: one linalg.generic over its dims (d0, d1, ...) copying padded[read]."""
+    rank = ir.RankedTensorType(ir.Type.parse(patches_type)).rank
+    all_dims = ", ".join(f"d{i}" for i in range(rank))
+    empty = t(f"tensor.empty({', '.join(dynamic_sizes)}) : {patches_type}")
+    patches = t.fresh("patches")
+    parallel = ", ".join(['"parallel"'] * rank)
+    t.emit(f"{patches} = linalg.generic {{indexing_maps = [affine_map<({all_dims}) -> ({', '.join(read)})>, "
+           f"affine_map<({all_dims}) -> ({all_dims})>], iterator_types = [{parallel}]}} "
+           f"ins({padded} : {padded_type}) outs({empty} : {patches_type}) {{\n"
+           f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {patches_type}")
+    return patches
 
 
 def _channels_first(dn, n: int) -> bool:
@@ -179,7 +187,7 @@ def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: st
     window = [rhs_t.shape[2 + s] for s in range(n)]
     features = rhs_t.shape[1]
     batch, out_features = out_dims[0], t.const(rhs_t.shape[0])
-    k = t.const(features * _product(window))
+    k = t.const(features * _static_product(window))
     positions = t.const(1)
     for d in out_dims[2:]:
         positions = t(f"arith.muli {positions}, {d} : index")
@@ -187,20 +195,12 @@ def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: st
         patches, patches_type = padded, padded_type  # [b, in, spatial...] is [b, K, P] already
     else:
         # patches[b, c, w_0.., o_0..] = padded[b, c, o_s * stride + w_s * dilation]
-        rank = 2 + 2 * n
-        all_dims = ", ".join(f"d{i}" for i in range(rank))
         read = ["d0", "d1"] + [f"d{2 + n + s} * {strides[s]} + d{2 + s} * {rhs_dil[s]}" for s in range(n)]
         shape = ["?" if padded_t.is_dynamic_dim(0) else str(padded_t.shape[0]), str(features)] + [str(w) for w in window] + [
             "?" if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s]) for s in range(n)]
         patches_type = f"tensor<{'x'.join(shape)}x{elem}>"
         dynamic = [batch] * padded_t.is_dynamic_dim(0) + [out_dims[2 + s] for s in range(n) if out_t.is_dynamic_dim(2 + s)]
-        empty = t(f"tensor.empty({', '.join(dynamic)}) : {patches_type}")
-        patches = t.fresh("patches")
-        parallel = ", ".join(['"parallel"'] * rank)
-        t.emit(f"{patches} = linalg.generic {{indexing_maps = [affine_map<({all_dims}) -> ({', '.join(read)})>, "
-               f"affine_map<({all_dims}) -> ({all_dims})>], iterator_types = [{parallel}]}} "
-               f"ins({padded} : {padded_type}) outs({empty} : {patches_type}) {{\n"
-               f"^bb0(%x: {elem}, %o: {elem}):\n  linalg.yield %x : {elem}\n}} -> {patches_type}")
+        patches = _copy_windows(t, padded, padded_type, read, patches_type, dynamic, elem)
     patches_buffer, patches_mtype = identity_buffer(t, patches, ir.Type.parse(patches_type), elem)
     kernel_buffer, kernel_mtype = identity_buffer(t, "%a1", rhs_t, elem)
     result_mtype = f"memref<?x{rhs_t.shape[0]}x?x{elem}>"
@@ -211,7 +211,7 @@ def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: st
               pointer(t, patches_buffer, patches_mtype, elem), [t(f"arith.muli {k}, {positions} : index"), zero, positions, t.const(1)],
               pointer(t, result, result_mtype, elem), [t(f"arith.muli {out_features}, {positions} : index"), zero, positions])
     flat = t(f"bufferization.to_tensor {result} restrict writable : {result_mtype} to tensor<?x{rhs_t.shape[0]}x?x{elem}>")
-    flat_type = f"tensor<?x{rhs_t.shape[0]}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _product(out_t.shape[2:])}x{elem}>"
+    flat_type = f"tensor<?x{rhs_t.shape[0]}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _static_product(out_t.shape[2:])}x{elem}>"
     if flat_type != f"tensor<?x{rhs_t.shape[0]}x?x{elem}>":  # static positions
         flat = t(f"tensor.cast {flat} : tensor<?x{rhs_t.shape[0]}x?x{elem}> to {flat_type}")
     shape = ", ".join([batch, str(rhs_t.shape[0])] + [str(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else out_dims[d]
@@ -221,9 +221,3 @@ def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: st
               f": {flat_type} into {expanded}")
     return t(f"tensor.cast {value} : {expanded} to {out_t}") if expanded != str(out_t) else value
 
-
-def _product(values: list[int]) -> int:
-    total = 1
-    for v in values:
-        total *= v
-    return total

@@ -319,14 +319,13 @@ def _scan_dim(op: ir.Operation, window: list[int | None]) -> int | None:
     return dim
 
 
-def _scan(t: Text, op, fn: str, dim: int, backward: str) -> str:
+def _scan(t: Text, op, fn: str, dim: int, backward: str, init: str) -> str:
     """A cumulative op in one pass: element i along `dim` is fn(result at i - 1, x[i]) (i + 1 when
     `backward`, an i1 value), the first fn(init, x[first]); every other dim walks in row-major
     order, so the element before is one the loops wrote last. O(n), nothing allocated per
     element, the body's scalar code inlined."""
     elem, ty = _elem(op.operands[0]), str(op.results[0].type)
     dims = t.dims("%a0", op.operands[0].type)
-    init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
     loops = Loops(t, dims, [(t.buffer(op.results[0].type, dims), ty)])
     one, last = t.const(1), t(f"arith.subi {dims[dim]}, {t.const(1)} : index")
     step = loops.ivs[dim]
@@ -370,10 +369,11 @@ def _scan_or(t: Text, op, fn: str, dim: int, window: list[str], strides: list[st
     init = t(f"tensor.extract %a1[] : {op.operands[1].type}")
     twice = _call_region(t, fn, [(init, elem), (init, elem)], [elem])[0]
     if elem.startswith("ui"):  # arith compares signless integers; make_signless drops the casts
-        twice, init = (t(f"builtin.unrealized_conversion_cast {v} : {elem} to {elem[1:]}") for v in (twice, init))
-        elem = elem[1:]
-    conds.append(t(f"arith.cmpf oeq, {twice}, {init} : {elem}" if elem.startswith(("f", "bf")) else f"arith.cmpi eq, {twice}, {init} : {elem}"))
-    return _if(t, _all(t, conds), [str(op.results[0].type)], lambda: [_scan(t, op, fn, dim, backward)], general)
+        a, b = (t(f"builtin.unrealized_conversion_cast {v} : {elem} to {elem[1:]}") for v in (twice, init))
+        conds.append(t(f"arith.cmpi eq, {a}, {b} : {elem[1:]}"))
+    else:
+        conds.append(t(f"arith.cmpf oeq, {twice}, {init} : {elem}" if elem.startswith(("f", "bf")) else f"arith.cmpi eq, {twice}, {init} : {elem}"))
+    return _if(t, _all(t, conds), [str(op.results[0].type)], lambda: [_scan(t, op, fn, dim, backward, init)], general)
 
 
 @register_template("stablehlo.reduce_window")
