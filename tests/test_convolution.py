@@ -4,6 +4,8 @@ with dynamic batch and image size and checked against the framework at several s
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,6 +57,45 @@ def test_torch_1d_and_3d_convolutions_as_one_gemm_per_image(conv, shape):
         x = torch.randn(b, *shape[1:-1], s)
         with torch.no_grad():
             torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_residual_block_is_one_kernel_per_convolution_at_batch_1():
+    """A ResNet block (conv, batch norm, ReLU, 1x1 conv, batch norm, residual add, ReLU) from
+    PyTorch: torch-mlir's broadcasts (`shape.broadcast` of extent tensors) are resolved, so every
+    dim is proven (no run-time broadcast check, no second version of any loop); each chain of
+    elementwise ops after a convolution is one loop; the 1x1 convolution reads its input as it
+    is (no padding copy), the 3x3 one copies only its padded input and its patches."""
+    torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
+    from torch.export import Dim
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.n1 = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16)
+            self.c2, self.n2 = torch.nn.Conv2d(16, 16, 1, bias=False), torch.nn.BatchNorm2d(16)
+
+        def forward(self, x):
+            return torch.relu(self.n2(self.c2(torch.relu(self.n1(self.c1(x))))) + x)
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    for n in (model.n1, model.n2):
+        n.running_mean.normal_()
+        n.running_var.uniform_(0.5, 2.0)
+        n.weight.data.normal_()
+        n.bias.data.normal_()
+    dims = {0: Dim("b", max=16), 2: Dim("h", min=8, max=256), 3: Dim("w", min=8, max=256)}
+    f = disc.compile(model, (torch.randn(2, 16, 20, 20),), dynamic_shapes=(dims,))
+    report = f.shape_report()
+    assert re.search(r"result0: \[b, 16, h, w\]", report), report
+    assert "checked at run time []" in report and not re.search(r"checked at run time \[\d", report)
+    assert not any(k.version for k in f.kernels if "general" in k.version)
+    kinds = sorted({k.name: k.kind for k in f.kernels if k.version != "no tail"}.values())  # one per vector-tail pair
+    assert kinds == ["copy", "copy", "elementwise", "elementwise", "fill"], kinds  # padded input and patches; border
+    for b, h, w in [(1, 8, 8), (1, 30, 17), (4, 24, 40)]:
+        x = torch.randn(b, 16, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 def test_jax_convolutions_in_nhwc_run_as_gemms():

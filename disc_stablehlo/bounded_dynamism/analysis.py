@@ -280,6 +280,25 @@ def _arith_constant(w: _Walker, op: ir.Operation):
     return None
 
 
+@_rule("arith.select")
+def _arith_select(w: _Walker, op: ir.Operation):
+    """An extent of a broadcast, `d == 1 ? other : d` (the shape dialect's lowering): `d` when
+    both sides are equal or `d` is known not to be 1, `other` when it is known to be 1."""
+    on_true, on_false = w.content.get(op.operands[1]), w.content.get(op.operands[2])
+    if on_true is None or on_false is None or len(on_true) != 1 or len(on_false) != 1:
+        return None
+    if w.facts.equal(on_true[0], on_false[0]):
+        w.content[op.result] = on_false
+        return None
+    cond = op.operands[0].owner
+    if isinstance(cond, ir.Block) or cond.name != "arith.cmpi" or ir.IntegerAttr(cond.attributes["predicate"]).value != 0:
+        return None
+    tested, one = (w.content.get(v) for v in cond.operands)
+    if tested is not None and one is not None and one[0].constant == 1 and (known := w.facts.is_one(tested[0])) is not None:
+        w.content[op.result] = on_true if known else on_false
+    return None
+
+
 @_rule("arith.index_cast")
 def _index_cast(w: _Walker, op: ir.Operation):
     if (c := w.content.get(op.operands[0])) is not None:

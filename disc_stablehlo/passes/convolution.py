@@ -62,10 +62,10 @@ def _convolution(op, t: Text, state):
             rhs_t.is_dynamic_dim(d) for d in dn.kernel_spatial_dimensions):
         raise UnsupportedOpError("dynamic kernel dims")
     # pad the input: spatial dims get edge padding and lhs dilation as interior padding
-    lows, highs, interiors = [t.const(0)] * lhs_t.rank, [t.const(0)] * lhs_t.rank, [t.const(0)] * lhs_t.rank
+    lows, highs, interiors = [0] * lhs_t.rank, [0] * lhs_t.rank, [0] * lhs_t.rank
     padded_shape = ["?" if lhs_t.is_dynamic_dim(d) else str(lhs_t.shape[d]) for d in range(lhs_t.rank)]
     for s, d in enumerate(dn.input_spatial_dimensions):
-        lows[d], highs[d], interiors[d] = t.const(padding[2 * s]), t.const(padding[2 * s + 1]), t.const(lhs_dil[s] - 1)
+        lows[d], highs[d], interiors[d] = padding[2 * s], padding[2 * s + 1], lhs_dil[s] - 1
         if not lhs_t.is_dynamic_dim(d):
             size = lhs_t.shape[d]
             padded_shape[d] = str(padding[2 * s] + padding[2 * s + 1] + size + max(size - 1, 0) * (lhs_dil[s] - 1))

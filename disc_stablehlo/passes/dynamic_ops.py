@@ -168,7 +168,7 @@ def _concatenate(op, t: Text, state):
     for k, v in enumerate(op.operands):
         vt = ir.RankedTensorType(v.type)
         offs = ", ".join(offsets[k] if i == axis else "0" for i in range(result.rank))
-        sizes = ", ".join(_static_or(v, i, t.dim(f"%a{k}", v.type, i)) for i in range(vt.rank))
+        sizes = ", ".join(_static_or(v.type, i, t.dim(f"%a{k}", v.type, i)) for i in range(vt.rank))
         ones = ", ".join("1" for _ in range(vt.rank))
         dest = t(f"tensor.insert_slice %a{k} into {dest}[{offs}] [{sizes}] [{ones}] : {v.type} into {op.result.type}")
     return [dest]
@@ -217,16 +217,32 @@ def _dynamic_iota(op, t: Text, state):
 
 
 def _pad(t: Text, src: str, src_type: ir.Type, pad_value: str, result_type: ir.Type | str,
-         lows: list[str], highs: list[str], interiors: list[str]) -> str:
-    """Pads `src` with the scalar `pad_value`: lows/highs may be negative, interior >= 0."""
+         lows: list[int | str], highs: list[int | str], interiors: list[int | str]) -> str:
+    """Pads `src` with the scalar `pad_value`: lows/highs may be negative, interior >= 0 (index
+    values, or ints when known). Known edges that only grow the tensor and no interior padding:
+    the result is filled and `src` inserted into it (a producer of `src` then writes into the
+    result in place, see the concatenation); no padding at all is `src` itself. Otherwise each
+    element of the result is read from `src` or is the pad value, by its index."""
     rank = ir.RankedTensorType(src_type).rank
     in_dims = t.dims(src, src_type)
+    edges = [*lows, *highs, *interiors]
+    if all(isinstance(e, int) for e in edges) and min(edges) >= 0 and not any(interiors):
+        if not any(edges):
+            return src if str(src_type) == str(result_type) else t(f"tensor.cast {src} : {src_type} to {result_type}")
+        out_dims = [t(f"arith.addi {in_dims[i]}, {t.const(lows[i] + highs[i])} : index") for i in range(rank)]
+        result_type = ir.Type.parse(str(result_type))
+        filled = t(f"linalg.fill ins({pad_value} : {_elem(result_type)}) outs({t.empty(result_type, out_dims)} : {result_type}) "
+                   f"-> {result_type}")
+        sizes = ", ".join(_static_or(src_type, i, in_dims[i]) for i in range(rank))
+        return t(f"tensor.insert_slice {src} into {filled}[{', '.join(map(str, lows))}] [{sizes}] [{', '.join(['1'] * rank)}] "
+                 f": {src_type} into {result_type}")
+    lows, highs, interiors = ([e if isinstance(e, str) else t.const(e) for e in es] for es in (lows, highs, interiors))
     out_dims = []
     for i in range(rank):
         minus_one = t(f"arith.subi {in_dims[i]}, {t.const(1)} : index")
         gaps = t(f"arith.muli {t(f'arith.maxsi {minus_one}, {t.const(0)} : index')}, {interiors[i]} : index")
-        edges = t(f"arith.addi {lows[i]}, {highs[i]} : index")
-        total = t(f"arith.addi {edges}, {t(f'arith.addi {in_dims[i]}, {gaps} : index')} : index")
+        edges_i = t(f"arith.addi {lows[i]}, {highs[i]} : index")
+        total = t(f"arith.addi {edges_i}, {t(f'arith.addi {in_dims[i]}, {gaps} : index')} : index")
         out_dims.append(total)
     body, conds, idx = [], [], []
     for i in range(rank):
@@ -270,13 +286,12 @@ def _dynamic_pad(op, t: Text, state):
 
 @register_template("stablehlo.pad")
 def _static_pad(op, t: Text, state):
-    lows, highs, interiors = ([t.const(v) for v in int_list(op, k)] for k in ("edge_padding_low", "edge_padding_high", "interior_padding"))
-    return [_pad_op(t, op, lows, highs, interiors)]
+    return [_pad_op(t, op, *(int_list(op, k) for k in ("edge_padding_low", "edge_padding_high", "interior_padding")))]
 
 
-def _static_or(value: ir.Value, i: int, dynamic: str) -> str:
+def _static_or(type_: ir.Type, i: int, dynamic: str) -> str:
     """A slice size: the literal when the type knows it (the op's types must agree)."""
-    t = ir.RankedTensorType(value.type)
+    t = ir.RankedTensorType(type_)
     return dynamic if t.is_dynamic_dim(i) else str(t.shape[i])
 
 
@@ -291,7 +306,7 @@ def _dynamic_update_slice(op, t: Text, state):
     operand, update = op.operands[0], op.operands[1]
     in_dims, up_dims = t.dims("%a0", operand.type), t.dims("%a1", update.type)
     offs = _clamped_starts(t, op, 2, in_dims, up_dims)
-    sizes = ", ".join(_static_or(update, i, d) for i, d in enumerate(up_dims))
+    sizes = ", ".join(_static_or(update.type, i, d) for i, d in enumerate(up_dims))
     ones = ", ".join("1" for _ in up_dims)
     return [t(f"tensor.insert_slice %a1 into %a0[{', '.join(offs)}] [{sizes}] [{ones}] : {update.type} into {operand.type}")]
 

@@ -1,7 +1,8 @@
 """Fusion decisions of our own on linalg-on-tensors, around upstream's elementwise fusion.
 
 - A tensor that holds one value everywhere (a `linalg.fill`, or a generic that yields a value
-  from outside its body: the lowering of a broadcast scalar constant) is never materialised for
+  from outside its body or computed from such values alone: the lowering of a broadcast scalar
+  constant; seen through reshapes) is never materialised for
   a generic that reads it: the reader uses the scalar and the operand is dropped. Upstream fusion
   cannot do this when the reader indexes the tensor with a non-permutation map (a size-1 dim).
 - A broadcast read by several ops (an attention mask broadcast once for every layer) is
@@ -19,21 +20,34 @@ from ..mlir_support import defined_outside, operation, walk
 
 
 def _uniform_value(v: ir.Value) -> ir.Value | None:
-    """The scalar every element of `v` equals, when the op that makes `v` says so."""
+    """The scalar every element of `v` equals, when the ops that make `v` say so (a reshape or
+    cast of such a tensor included). A generic whose body computes its value from values outside
+    it alone (`arith.truncf` of a constant, which does not fold when inexact) has
+    that computation moved before it."""
     owner = v.owner
     if isinstance(owner, ir.Block):
         return None
     op = operation(owner)
+    if op.name in ("tensor.collapse_shape", "tensor.expand_shape", "tensor.cast"):
+        return _uniform_value(op.operands[0])
     if op.name == "linalg.fill":
         scalar = op.operands[0]
         return scalar if scalar.type == ir.RankedTensorType(v.type).element_type else None
-    if op.name == "linalg.generic" and _num_inputs(op) == 0:
+    if op.name == "linalg.generic" and len(op.results) == 1:
         body = op.regions[0].blocks[0]
-        ops = list(body.operations)
-        if len(ops) == 1 and ops[0].name == "linalg.yield" and len(op.results) == 1:
-            y = ops[0].operands[0]
-            return y if defined_outside(y, op) else None
+        *computed, terminator = [operation(o) for o in body.operations]
+        y = terminator.operands[0]
+        if not defined_outside(y, op) and all(_scalar_of_outside_values(c, op) for c in computed):
+            for c in computed:
+                c.move_before(op)
+        return y if defined_outside(y, op) else None
     return None
+
+
+def _scalar_of_outside_values(op: ir.Operation, generic: ir.Operation) -> bool:
+    """An arith or math op on values defined outside `generic` or by ops of its body before it."""
+    return (op.name.split(".")[0] in ("arith", "math") and not op.regions
+            and not any(isinstance(x.owner, ir.Block) and x.owner == generic.regions[0].blocks[0] for x in op.operands))
 
 
 def _num_inputs(op: ir.Operation) -> int:

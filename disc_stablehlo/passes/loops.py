@@ -599,10 +599,12 @@ def schedule_column_reductions(module: ir.Module) -> int:
     return changed
 
 
-def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
+def _expansion_checks(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value | None]]:
     """The run-time broadcast checks a loop's indexing depends on: conditions `d == 1` computed
-    outside the loop that select an index (0 when the dim expands)."""
-    found: list[ir.Value] = []
+    outside the loop that select an index (0 when the dim expands), each with the extent of the
+    loop index it selects against when that is known outside the loop (a size-1 operand dim of
+    a size-1 loop dim does not expand: both indices are 0)."""
+    found: dict[ir.Value, ir.Value | None] = {}
     for op in list(walk(loop))[1:]:
         if op.name != "arith.select" or not isinstance(op.result.type, ir.IndexType):
             continue
@@ -611,9 +613,25 @@ def _expansion_checks(loop: ir.Operation) -> list[ir.Value]:
             continue
         check = operation(cond.owner)
         if check.name == "arith.cmpi" and ir.IntegerAttr(check.attributes["predicate"]).value == 0 \
-                and int_constant(check.operands[1]) == 1 and cond not in found:
-            found.append(cond)
-    return found
+                and int_constant(check.operands[1]) == 1:
+            extent = _index_extent(op.operands[2], loop)
+            if cond not in found:
+                found[cond] = extent
+            elif extent is None or found[cond] is None or found[cond] != extent:
+                found[cond] = None
+    return list(found.items())
+
+
+def _index_extent(v: ir.Value, top: ir.Operation) -> ir.Value | None:
+    """The upper bound of the loop whose induction variable `v` is, when the loop counts from 0
+    by 1 and the bound is computed outside `top`."""
+    if not isinstance(v.owner, ir.Block) or v.owner.owner is None:
+        return None
+    loop, position = operation(v.owner.owner), ir.BlockArgument(v).arg_number
+    if loop.name not in ("scf.for", "scf.parallel") or position >= len(loop_bounds(loop)):
+        return None
+    lb, ub, step = loop_bounds(loop)[position]
+    return ub if int_constant(lb) == 0 and int_constant(step) == 1 and defined_outside(ub, top) else None
 
 
 def version_broadcasts(module: ir.Module) -> int:
@@ -630,10 +648,13 @@ def version_broadcasts(module: ir.Module) -> int:
         i1 = ir.IntegerType.get_signless(1)
         with ir.InsertionPoint(loop), loop.location:
             false = ir.Operation.create("arith.constant", results=[i1], attributes={"value": ir.BoolAttr.get(False)}).result
-            expands = checks[0]
-            for c in checks[1:]:
-                expands = _binary("arith.ori", expands, c)
+            expands = None
+            for cond, extent in checks:
+                if extent is not None:
+                    cond = _binary("arith.andi", cond, index_compare("ne", extent, index_constant(1)))
+                expands = cond if expands is None else _binary("arith.ori", expands, cond)
         copy = _versions(loop, expands, ("general", "broadcast-free"))
-        _read_as(copy, checks, dict.fromkeys(range(len(checks)), false))
+        conds = [c for c, _ in checks]
+        _read_as(copy, conds, dict.fromkeys(range(len(conds)), false))
         versioned += 1
     return versioned

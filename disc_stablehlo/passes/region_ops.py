@@ -283,8 +283,7 @@ def _pooling(op, t: Text, combine: str, window: list[int], strides: list[int], d
         shape = "x".join("?" if in_type.is_dynamic_dim(d) or isinstance(pad_lo[d], str) or isinstance(pad_hi[d], str)
                          else str(in_type.shape[d] + pad_lo[d] + pad_hi[d]) for d in range(rank))
         src_type = f"tensor<{shape}x{elem}>"
-        index = [[t.const(p) if isinstance(p, int) else p for p in pads] for pads in (pad_lo, pad_hi)]
-        src = _pad(t, "%a0", in_type, init, src_type, *index, [t.const(0)] * rank)
+        src = _pad(t, "%a0", in_type, init, src_type, pad_lo, pad_hi, [0] * rank)
     padded = t.dims(src, ir.Type.parse(src_type))
     out_dims = [_window_count(t, padded[d], t.const(window[d]), t.const(strides[d]), t.const(dilations[d])) for d in range(rank)]
     ty = str(op.results[0].type)

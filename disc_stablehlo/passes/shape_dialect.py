@@ -13,6 +13,7 @@ from torch_mlir import ir
 from ..mlir_support import create_value, index_compare, index_constant, int_constant, operation, walk
 
 Extents = list[ir.Value]
+_EXTENT_OPS = ("shape.broadcast", "shape.concat")
 
 
 class _Resolver:
@@ -34,8 +35,10 @@ class _Resolver:
                 t = ir.RankedTensorType(op.operands[0].type)
                 return [index_constant(t.shape[i]) if not t.is_dynamic_dim(i)
                         else create_value("tensor.dim", [op.operands[0], index_constant(i)], ir.IndexType.get()) for i in range(t.rank)]
-            if op.name == "shape.const_shape":
-                return [index_constant(int(x)) for x in ir.DenseIntElementsAttr(op.attributes["shape"])]
+            if op.name in ("shape.const_shape", "arith.constant"):
+                attr = op.attributes["shape" if op.name == "shape.const_shape" else "value"]
+                if isinstance(attr, ir.DenseIntElementsAttr):
+                    return [index_constant(int(x)) for x in attr]
             if op.name == "shape.split_at":
                 whole, split = self.extents(op.operands[0], op), int_constant(op.operands[1])
                 if whole is None or split is None:
@@ -57,7 +60,9 @@ class _Resolver:
                     op.name == "shape.to_extent_tensor" and isinstance(op.operands[0].type, ir.RankedTensorType)):
                 return self.extents(op.operands[0], op)
         if isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape and v.type.rank == 1:
-            with ir.InsertionPoint(at), at.location:  # any other extent tensor of known length
+            # any other extent tensor of known length, read where it is defined (the extents then
+            # serve every later use, in nested regions too)
+            with ir.InsertionPoint.after(op), at.location:
                 return [create_value("tensor.extract", [v, index_constant(i)], ir.RankedTensorType(v.type).element_type)
                         for i in range(v.type.shape[0])]
         return None
@@ -73,7 +78,9 @@ def _broadcast(a: Extents, b: Extents) -> Extents:
             out.append(y if x is None else x)
             continue
         cx, cy = int_constant(x), int_constant(y)
-        if cx == 1 or cy == 1:
+        if cx is not None and cx == cy:
+            out.append(x)
+        elif cx == 1 or cy == 1:
             out.append(y if cx == 1 else x)
         else:
             is_one = index_compare("eq", x, index_constant(1))
@@ -82,13 +89,15 @@ def _broadcast(a: Extents, b: Extents) -> Extents:
 
 
 def resolve_ranked_shapes(module: ir.Module) -> None:
-    """Replaces extent tensors (`shape.to_extent_tensor`) and extent reads (`shape.get_extent`)
-    built by shape computations over ranked values with scalar index values."""
+    """Replaces extent tensors (`shape.to_extent_tensor`, or a shape op computing one: torch-mlir
+    broadcasts extent tensors with `shape.broadcast`) and extent reads (`shape.get_extent`) built
+    by shape computations over ranked values with scalar index values."""
     resolver = _Resolver()
     for op in walk(module.operation):
-        if op.name not in ("shape.to_extent_tensor", "shape.get_extent"):
+        if op.name not in ("shape.to_extent_tensor", "shape.get_extent") and not (
+                op.name in _EXTENT_OPS and isinstance(op.results[0].type, ir.RankedTensorType)):
             continue
-        extents = resolver.extents(op.operands[0], op)
+        extents = resolver.extents(op.result if op.name in _EXTENT_OPS else op.operands[0], op)
         if extents is None:
             continue
         with ir.InsertionPoint(op), op.location:

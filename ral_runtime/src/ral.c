@@ -590,16 +590,22 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   }
 }
 
-/* Blocks for `threads` workers: whole batch entries when there are enough, else row blocks,
- * else (few rows) column blocks. */
+/* Blocks for `threads` workers: whole batch entries when there are enough, else blocks of the
+ * longer of the two dims of C (each block packs the whole other operand: splitting rows has
+ * every thread pack all of B, splitting columns all of A), then of the other. */
 static void gemm_split(gemm_job *g, int64_t batch, int threads) {
   int64_t row_blocks = 1, col_blocks = 1;
   if (batch < threads) {
-    row_blocks = (g->m + RAL_GEMM_ROWS_MIN - 1) / RAL_GEMM_ROWS_MIN;
-    if (row_blocks > threads) row_blocks = threads;
-    if (row_blocks < threads) {
-      col_blocks = (g->n + RAL_GEMM_COLS_MIN - 1) / RAL_GEMM_COLS_MIN;
-      if (col_blocks > threads / row_blocks) col_blocks = threads / row_blocks;
+    int columns_first = g->n > g->m;
+    int64_t *first = columns_first ? &col_blocks : &row_blocks, *second = columns_first ? &row_blocks : &col_blocks;
+    int64_t first_len = columns_first ? g->n : g->m, second_len = columns_first ? g->m : g->n;
+    int64_t first_min = columns_first ? RAL_GEMM_COLS_MIN : RAL_GEMM_ROWS_MIN;
+    int64_t second_min = columns_first ? RAL_GEMM_ROWS_MIN : RAL_GEMM_COLS_MIN;
+    *first = (first_len + first_min - 1) / first_min;
+    if (*first > threads) *first = threads;
+    if (*first < threads) {
+      *second = (second_len + second_min - 1) / second_min;
+      if (*second > threads / *first) *second = threads / *first;
     }
   }
   g->rows_per_task = (g->m + row_blocks - 1) / row_blocks;
@@ -621,7 +627,7 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
     return;
   }
-  if (g->epilogue && (rows != batch * g->m || g->ldc != g->n || g->sc_i != g->m * g->n ||
+  if (g->epilogue && (rows != batch * g->m || g->ldc != g->n || (g->inner > 1 && g->sc_i != g->m * g->n) ||
                       g->sc_b != g->inner * g->m * g->n)) {
     snprintf(message, sizeof message, "%s: epilogue over %lld rows of a product with %lld contiguous ones", name, (long long)rows,
              (long long)(batch * g->m));
