@@ -438,6 +438,31 @@ def test_transposed_gemm_operands_are_read_in_place():
         np.testing.assert_allclose(g(x, w), reordered(x, w), rtol=1e-5, atol=1e-5)
 
 
+def test_weight_broadcast_along_the_batch_is_read_once():
+    """A batched product whose right operand is a weight broadcast along the batch (torch-mlir's
+    `matmul` of [b, s, k] by [k, n]) reads the weight as it is, batch stride 0, instead of
+    copying it per batch entry; when the left operand's entries follow each other in memory
+    the batch becomes rows of one GEMM. Either way: no loop kernel, one GEMM call."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    def rows(x, w):  # [b, s, k] x broadcast [k, n]: one GEMM of b * s rows
+        return jnp.einsum("bsk,bkn->bsn", x, jnp.broadcast_to(w, (x.shape[0],) + w.shape))
+
+    def transposed(x, w):  # [b, k, s]: each batch entry transposed, b GEMMs reading the same weight
+        return jnp.einsum("bks,bkn->bsn", x, jnp.broadcast_to(w, (x.shape[0],) + w.shape))
+
+    for fn, x_dims in ((rows, (6, 24)), (transposed, (24, 6))):
+        f = disc.compile(fn, *specs_for([(("b", *x_dims), np.float32), ((24, 40), np.float32)], "b"))
+        assert f.kernels == [] and f.llvm_ir.count("call void @disc_ral_gemm_f32(") == 1, fn.__name__
+        for b in (1, 3, 8):
+            rng = np.random.default_rng(b)
+            x, w = rng.standard_normal((b, *x_dims)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+            before = sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm"))
+            np.testing.assert_allclose(f(x, w), fn(x, w), rtol=1e-4, atol=1e-4)
+            assert sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm")) - before == 1
+
+
 def test_vector_tail_versions_are_chosen_from_the_real_sizes():
     """Softmax over a dynamic row length: a "no tail" version (the bound read as `n & -16`, no
     scalar remainder after the vector loop) runs when the length divides by 16, the "tail"

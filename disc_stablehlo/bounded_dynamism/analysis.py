@@ -401,14 +401,17 @@ def _relies_on(op: ir.Operation, facts: list[str]) -> None:
         tag_facts(operation(use.owner), facts)
 
 
-REASSOCIATION_ATTR = "disc.reassociation"  # on a dynamic_reshape proven to only split or merge dims
+REASSOCIATION_ATTR = "disc.reassociation"  # on a dynamic_reshape proven to only split or merge dims, or to keep them
 
 
 def _reassociation(facts: ShapeFacts, src: list[Dim], dst: list[Dim]) -> list[list[int]] | None:
-    """For a reshape that only splits dims (or only merges them): the groups of the longer side's
-    dims whose products are the shorter side's dims, in order; None when the facts cannot show it."""
+    """For a reshape that only splits dims (or only merges them, or keeps them all): the groups of
+    the longer side's dims whose products are the shorter side's dims, in order; None when the
+    facts cannot show it."""
     short, long_ = (src, dst) if len(src) <= len(dst) else (dst, src)
-    if not short or len(short) == len(long_):
+    if len(short) == len(long_):  # the same dims: no reshape at all
+        return [[i] for i in range(len(src))] if all(facts.equal(a, b) for a, b in zip(src, dst)) else None
+    if not short:
         return None
     groups, j = [], 0
     for i, d in enumerate(short):

@@ -177,12 +177,15 @@ def _concatenate(op, t: Text, state):
 @register_template("stablehlo.dynamic_reshape")
 def _dynamic_reshape(op, t: Text, state):
     """A reshape the analysis proved to only split or only merge dims is an expand_shape /
-    collapse_shape (whose dims fold, and which upstream fusion moves through elementwise ops);
-    any other is a tensor.reshape by the shape operand."""
+    collapse_shape (whose dims fold, and which upstream fusion moves through elementwise ops),
+    one proved to keep every dim is its operand; any other is a tensor.reshape by the shape
+    operand."""
     src, dst = op.operands[0].type, op.result.type
     if REASSOCIATION_ATTR not in op.attributes:
         return [t(f"tensor.reshape %a0(%a1) : ({src}, {op.operands[1].type}) -> {dst}")]
     groups = [list(ir.DenseI64ArrayAttr(g)) for g in ir.ArrayAttr(op.attributes[REASSOCIATION_ATTR])]
+    if ir.RankedTensorType(src).rank == ir.RankedTensorType(dst).rank:  # the dims stay
+        return ["%a0" if src == dst else t(f"tensor.cast %a0 : {src} to {dst}")]
     if ir.RankedTensorType(src).rank > ir.RankedTensorType(dst).rank:
         return [t(f"tensor.collapse_shape %a0 {groups} : {src} into {dst}")]
     dims = _result_dims(t, op, "%a1", op.operands[1].type)

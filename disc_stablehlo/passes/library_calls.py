@@ -1,13 +1,17 @@
 """Compute-intensive ops go to vendor libraries through the RAL (as in BladeDISC): f32/f64
 `dot_general` becomes a batched GEMM call on [batch, inner, m, k] x [batch, inner, k, n] views
 with strides of their own, writing [batch, inner, m, n] (contiguous, or into the transposed
-result that is the product's only use)."""
+result that is the product's only use). A right operand broadcast along the batch (a weight)
+is read once for every batch entry (batch stride 0), or, when the left operand's batch entries
+are contiguous, the batch becomes rows of one GEMM."""
 
 from __future__ import annotations
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
+from ..bounded_dynamism.analysis import REASSOCIATION_ATTR
+from ..mlir_support import int_list
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
@@ -73,7 +77,8 @@ def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem:
     flat = t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>")
     buffer, mtype = identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem)
     entry, row = t(f"arith.muli {sizes[1]}, {sizes[2]} : index"), sizes[2]
-    return pointer(t, buffer, mtype, elem), [t(f"arith.muli {entry}, {inner} : index"), entry, row, t.const(1)], sizes
+    batch_strides = [t(f"arith.muli {entry}, {inner} : index"), entry] if batch else [t.const(0)] * 2
+    return pointer(t, buffer, mtype, elem), [*batch_strides, row, t.const(1)], sizes
 
 
 def _unflatten(t: Text, c: str, elem: str, out_t: ir.RankedTensorType, group_sizes: list[int], out_dims: list[str]) -> str:
@@ -135,15 +140,60 @@ def _fold_transpose(op: ir.Operation, side: int, batch: list[int], contracting: 
     return [perm[d] for d in batch], [perm[d] for d in contracting]
 
 
+def _same_dims(op: ir.Operation) -> bool:
+    """A broadcast that maps every dim onto itself and expands none, or a reshape the analysis
+    proved to keep every dim: its result is its operand."""
+    rank = ir.RankedTensorType(op.result.type).rank
+    if op.name == "stablehlo.dynamic_reshape":
+        return REASSOCIATION_ATTR in op.attributes and ir.RankedTensorType(op.operands[0].type).rank == rank
+    return _broadcast_source_dims(op) == list(range(rank))
+
+
+def _broadcast_source_dims(op: ir.Operation) -> list[int] | None:
+    """The result dims a broadcast maps its operand's dims onto, when it expands none of them
+    (it only adds dims)."""
+    if op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        return None
+    dims = int_list(op, "broadcast_dimensions")
+    in_t, out_t = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.result.type)
+    kept = set(int_list(op, "known_nonexpanding_dimensions"))
+    if all(i in kept or (not in_t.is_dynamic_dim(i) and not out_t.is_dynamic_dim(d) and in_t.shape[i] == out_t.shape[d])
+           for i, d in enumerate(dims)):
+        return dims
+    return None
+
+
+def _fold_batch_broadcast(op: ir.Operation, batch: list[int], contracting: list[int]) -> tuple[list[int], list[int]] | None:
+    """A right operand that is a broadcast along the batch dims only (a weight shared by every
+    batch entry: torch-mlir's `matmul` of [b, s, k] by [k, n]) is read as the broadcast's
+    operand, without batch dims (the GEMM reads it with batch stride 0). Returns the right
+    operand's contracting dims after the fold (None: no fold)."""
+    v = op.operands[1]
+    while not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
+        v = v.owner.operands[0]
+    if isinstance(v.owner, ir.Block) or not batch:
+        return None
+    dims = _broadcast_source_dims(v.owner)
+    if dims is None or dims != [d for d in range(ir.RankedTensorType(v.type).rank) if d not in batch]:
+        return None
+    op.operands[1] = v.owner.operands[0]
+    return [dims.index(d) for d in contracting]
+
+
 @register_rewrite("stablehlo.dot_general", when=_is_blas_dot)
 def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     elem = str(ir.RankedTensorType(op.result.type).element_type)
     dn = _stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-    lb, lc = _fold_transpose(op, 0, list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions))
-    rb, rc = _fold_transpose(op, 1, list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions))
-    op.attributes["dot_dimension_numbers"] = _stablehlo.DotDimensionNumbers.get(lb, rb, lc, rc)
+    lb, lc = list(dn.lhs_batching_dimensions), list(dn.lhs_contracting_dimensions)
+    rb, rc = list(dn.rhs_batching_dimensions), list(dn.rhs_contracting_dimensions)
+    if (folded := _fold_batch_broadcast(op, rb, rc)) is not None:
+        rb, rc = [], folded  # the right operand is the same for every batch entry: batch stride 0
+    lb, lc = _fold_transpose(op, 0, lb, lc)
+    rb, rc = _fold_transpose(op, 1, rb, rc)
     lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in op.operands)
     lf = [d for d in range(lhs_t.rank) if d not in lb and d not in lc]
+    if lb and not rb and lb + lf + lc == list(range(lhs_t.rank)):
+        lb, lf = [], lb + lf  # and the left's batch entries follow each other in memory: one GEMM of all their rows
     rf = [d for d in range(rhs_t.rank) if d not in rb and d not in rc]
     t = Text()
     inner = t.dim("%a0", lhs_t, lb[-1]) if lb else t.const(1)  # the batch's last dim: its inner level
