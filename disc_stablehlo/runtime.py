@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import importlib.metadata
 import os
 import sysconfig
 import tempfile
@@ -87,14 +88,30 @@ class MemoryStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("bytes_in_use", "peak_bytes", "bytes_cached", "allocations", "cache_hits")]
 
 
+def blas_library() -> str:
+    """The BLAS the RAL loads for GEMMs: $DISC_BLAS (a path), else MKL's runtime library where
+    the `mkl` package is installed (x86-64: faster than OpenBLAS for the skinny products of
+    small batches), else scipy-openblas32's."""
+    if path := os.environ.get("DISC_BLAS"):
+        return path
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if f.name.startswith("libmkl_rt.so") and os.path.exists(path := str(f.locate())):
+            return path
+    import scipy_openblas32
+
+    return os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+
+
 class Runtime:
-    """A RAL runtime: caching allocator, thread pool, BLAS. Shared by every compiled function
-    of the process; thread-safe."""
+    """A RAL runtime: caching allocator, thread pool, BLAS (`blas`: its path). Shared by every
+    compiled function of the process; thread-safe."""
 
     def __init__(self, num_threads: int = 0):
-        import scipy_openblas32
-
-        blas = os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+        blas = self.blas = blas_library()
         handle = ctypes.c_void_p()
         if ral().ral_runtime_create(blas.encode(), num_threads, ctypes.byref(handle)) != 0:
             raise RuntimeFailure(f"cannot create the runtime: {ral().ral_runtime_create_error().decode()}")

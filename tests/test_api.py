@@ -3,6 +3,7 @@ errors, thread safety, and no memory growth across calls."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import jax
@@ -203,3 +204,47 @@ def test_results_are_handed_over_without_a_copy():
     assert not y.flags.owndata
     del y
     assert runtime.memory_stats()["bytes_in_use"] == base
+
+
+@pytest.mark.parametrize("blas", ["default", "openblas"])
+def test_gemms_run_on_the_blas_the_runtime_loads(blas, tmp_path):
+    """The runtime loads MKL where the `mkl` package is installed (its sequential layer: the
+    RAL's pool splits the GEMMs), else scipy-openblas32; $DISC_BLAS names another. Run in a
+    fresh process (the runtime is per process): a batched product and a skinny one match numpy."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "gemm.py"
+    script.write_text("""
+import jax, jax.numpy as jnp, numpy as np
+from jax import export
+import disc_stablehlo as disc
+from disc_stablehlo.runtime import default_runtime
+b, s = export.symbolic_shape("b, s")
+f = disc.compile(lambda x, w: jnp.einsum("bsk,kn->bsn", x, w), jax.ShapeDtypeStruct((b, s, 96), np.float32),
+                 jax.ShapeDtypeStruct((96, 300), np.float32))
+rng = np.random.default_rng(0)
+for shape in [(1, 1, 96), (1, 32, 96), (4, 70, 96)]:
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((96, 300)).astype(np.float32)
+    np.testing.assert_allclose(f(x, w), np.einsum("bsk,kn->bsn", x, w), rtol=1e-4, atol=1e-4)
+print(default_runtime().blas)
+""")
+    env = dict(os.environ)
+    env.pop("DISC_BLAS", None)
+    if blas == "openblas":
+        import scipy_openblas32
+
+        env["DISC_BLAS"] = os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    loaded = out.stdout.strip().splitlines()[-1]
+    if blas == "openblas":
+        assert loaded == env["DISC_BLAS"]
+    else:
+        import importlib.metadata
+
+        try:
+            has_mkl = importlib.metadata.files("mkl") is not None
+        except importlib.metadata.PackageNotFoundError:
+            has_mkl = False
+        assert ("libmkl_rt" in loaded) == has_mkl, loaded

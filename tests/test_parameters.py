@@ -25,7 +25,8 @@ def test_a_million_element_constant_is_a_parameter():
     assert len(f.llvm_ir) < 200_000  # the weights are not in the code
     for n in (1, 7):
         x = np.random.default_rng(n).standard_normal((n, 1000)).astype(np.float32)
-        np.testing.assert_allclose(f(x), np.tanh(x @ w), rtol=1e-4, atol=1e-5)
+        # sums of 1000 products of size ~1: float32 rounding of a few 1e-5, whatever the BLAS's order
+        np.testing.assert_allclose(f(x), np.tanh(x @ w), rtol=1e-4, atol=1e-4)
 
 
 def test_small_constants_stay_in_the_ir():

@@ -463,6 +463,20 @@ def test_weight_broadcast_along_the_batch_is_read_once():
             assert sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm")) - before == 1
 
 
+def test_constant_whole_powers_are_products():
+    """`x ** 3.0` (GELU-tanh's cube, a `stablehlo.power` by a constant) is multiplications, not a
+    scalar libm `powf` per element; other exponents keep `powf`."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    cube = disc.compile(lambda x: jnp.power(x, 3.0) + jnp.power(x, 2.0), *specs_for([(("n",), np.float32)], "n"))
+    other = disc.compile(lambda x: jnp.power(x, 2.5), *specs_for([(("n",), np.float32)], "n"))
+    assert "pow" not in cube.llvm_ir and "pow" in other.llvm_ir  # llvm.pow.f32, which becomes a call of powf
+    x = np.random.default_rng(0).uniform(-3, 3, 37).astype(np.float32)
+    np.testing.assert_allclose(cube(x), x ** 3 + x ** 2, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(other(np.abs(x)), np.abs(x) ** 2.5, rtol=1e-6)
+
+
 def test_vector_tail_versions_are_chosen_from_the_real_sizes():
     """Softmax over a dynamic row length: a "no tail" version (the bound read as `n & -16`, no
     scalar remainder after the vector loop) runs when the length divides by 16, the "tail"

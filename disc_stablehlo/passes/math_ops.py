@@ -3,7 +3,10 @@
 `exp` of f32 below about -87 (results that are denormal or zero, e.g. softmax over masked
 scores at -1e9) sends a whole vector of glibc's libmvec `expf` to its scalar fallback. Such
 inputs are shifted up by 64 and the result scaled by exp(-64) instead (IEEE multiplication
-rounds into the denormal range as exp would), so every lane stays on the vector path."""
+rounds into the denormal range as exp would), so every lane stays on the vector path.
+
+`powf` by a constant small whole exponent (GELU-tanh's `x ** 3`) is a call of libm's scalar
+`powf` per element: it becomes multiplications."""
 
 from __future__ import annotations
 
@@ -38,6 +41,29 @@ def keep_exp_vectorised(module: ir.Module) -> int:
             e = create_value("math.exp", [y], f32)
             scaled = create_value("arith.mulf", [e, _const(math.exp(-_SHIFT), f32)], f32)
             result = create_value("arith.select", [low, scaled, e], f32)
+        op.result.replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
+
+
+def integer_powers_as_products(module: ir.Module) -> int:
+    """Rewrites `math.powf(x, n)` with n a constant 1, 2, 3 or 4 into products of x; returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        if op.name != "math.powf" or isinstance(op.operands[1].owner, ir.Block):
+            continue
+        exponent = op.operands[1].owner
+        if exponent.name != "arith.constant" or not isinstance(exponent.attributes["value"], ir.FloatAttr):
+            continue
+        n = ir.FloatAttr(exponent.attributes["value"]).value
+        if n not in (1.0, 2.0, 3.0, 4.0):
+            continue
+        x, t = op.operands[0], op.result.type
+        with ir.InsertionPoint(op), op.location:
+            result = x if n == 1 else create_value("arith.mulf", [x, x], t)
+            if n > 2:
+                result = create_value("arith.mulf", [result, x if n == 3 else result], t)
         op.result.replace_all_uses_with(result)
         op.erase()
         count += 1

@@ -28,7 +28,7 @@ from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_ra
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .lower import lower_module
-from .math_ops import keep_exp_vectorised
+from .math_ops import integer_powers_as_products, keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
 from .signless import make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
@@ -141,6 +141,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         accumulate_in_registers(module)
         hoist_invariant_loads(module)
         keep_exp_vectorised(module)
+        integer_powers_as_products(module)
         version_vector_tails(module)
         version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")

@@ -262,6 +262,9 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     void (*set_threads)(int) = (void (*)(int))dlsym(rt->blas, "scipy_openblas_set_num_threads");
     if (!set_threads) set_threads = (void (*)(int))dlsym(rt->blas, "openblas_set_num_threads");
     if (set_threads) set_threads(1);
+    /* MKL's single dynamic library picks its threading layer at the first call: the sequential one */
+    int (*mkl_threading)(int) = (int (*)(int))dlsym(rt->blas, "MKL_Set_Threading_Layer");
+    if (mkl_threading) mkl_threading(1 /* MKL_THREADING_SEQUENTIAL */);
   }
   if (num_threads <= 0) { /* the cores this process may run on (a container's or taskset's share) */
     cpu_set_t allowed;
