@@ -290,8 +290,10 @@ def _arith_select(w: _Walker, op: ir.Operation):
     if w.facts.equal(on_true[0], on_false[0]):
         w.content[op.result] = on_false
         return None
-    cond = op.operands[0].owner
-    if isinstance(cond, ir.Block) or cond.name != "arith.cmpi" or ir.IntegerAttr(cond.attributes["predicate"]).value != 0:
+    if isinstance(op.operands[0].owner, ir.Block):
+        return None
+    cond = operation(op.operands[0].owner)
+    if cond.name != "arith.cmpi" or ir.IntegerAttr(cond.attributes["predicate"]).value != 0:
         return None
     tested, one = (w.content.get(v) for v in cond.operands)
     if tested is not None and one is not None and one[0].constant == 1 and (known := w.facts.is_one(tested[0])) is not None:
