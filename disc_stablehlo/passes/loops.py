@@ -605,7 +605,8 @@ def _expansion_checks(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value | Non
     loop index it selects against when that is known outside the loop (a size-1 operand dim of
     a size-1 loop dim does not expand: both indices are 0)."""
     found: dict[ir.Value, ir.Value | None] = {}
-    for op in list(walk(loop))[1:]:
+    ops = list(walk(loop))[1:]
+    for op in ops:
         if op.name != "arith.select" or not isinstance(op.result.type, ir.IndexType):
             continue
         cond = op.operands[0]
@@ -619,6 +620,10 @@ def _expansion_checks(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value | Non
                 found[cond] = extent
             elif extent is None or found[cond] is None or found[cond] != extent:
                 found[cond] = None
+    for op in ops:  # a check read for anything but selecting an index must be false in the other version
+        for k, v in enumerate(op.operands):
+            if v in found and not (op.name == "arith.select" and k == 0 and isinstance(op.result.type, ir.IndexType)):
+                found[v] = None
     return list(found.items())
 
 
