@@ -48,7 +48,7 @@ def ensure_env(extras: str) -> None:
 def c_tests() -> None:
     """The RAL's own tests (runtime and artifact reader), built twice: under AddressSanitizer +
     UBSan, and ThreadSanitizer."""
-    blas = subprocess.run([str(PY), "-c", "import scipy_openblas32 as s, os; print(os.path.join(s.get_lib_dir(), 'lib' + s.get_library() + '.so'))"],
+    blas = subprocess.run([str(PY), "-c", "from disc_stablehlo.runtime import openblas_library; print(openblas_library())"],
                           check=True, capture_output=True, text=True).stdout.strip()
     for name, flags in [("asan", "-fsanitize=address,undefined"), ("tsan", "-fsanitize=thread")]:
         build = ROOT / "build" / f"ral-{name}"

@@ -101,6 +101,11 @@ def blas_library() -> str:
     for f in files:
         if f.name.startswith("libmkl_rt.so") and os.path.exists(path := str(f.locate())):
             return path
+    return openblas_library()
+
+
+def openblas_library() -> str:
+    """scipy-openblas32's shared library."""
     import scipy_openblas32
 
     return os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")

@@ -29,6 +29,11 @@ def random_array(shape, dtype, rng):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def gemm_calls(f) -> int:
+    """How many RAL GEMM calls a compiled function has made so far."""
+    return sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm"))
+
+
 def specs_for(shapes_and_dtypes, dim_names: str):
     """('b, s', [(('b', 's', 4), np.float32), ...]) -> ShapeDtypeStructs with symbolic dims."""
     syms = dict(zip([n.strip() for n in dim_names.split(",")], export.symbolic_shape(dim_names)))

@@ -14,6 +14,7 @@ from conftest import specs_for
 from jax import export
 
 import disc_stablehlo as disc
+from disc_stablehlo.runtime import openblas_library
 
 DYNAMIC_TEXT = """
 func.func @main(%x: tensor<?x4xf32>, %y: tensor<4xf32>) -> (tensor<?x4xf32>, tensor<?xf32>) {
@@ -232,9 +233,7 @@ print(default_runtime().blas)
     env = dict(os.environ)
     env.pop("DISC_BLAS", None)
     if blas == "openblas":
-        import scipy_openblas32
-
-        env["DISC_BLAS"] = os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
+        env["DISC_BLAS"] = openblas_library()
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = out.stdout.strip().splitlines()[-1]

@@ -16,6 +16,7 @@ import pytest
 from jax import export
 
 import disc_stablehlo as disc
+from disc_stablehlo.runtime import openblas_library
 
 ROOT = Path(__file__).resolve().parents[1]
 W = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
@@ -63,15 +64,9 @@ def _case(root: Path, b: int, s: int) -> str:
     return str(d)
 
 
-def _blas() -> str:
-    import scipy_openblas32
-
-    return os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
-
-
 def _run(disc_run: str, artifact: Path, *cases: str, blas: bool = True) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "DISC_BLAS"}
-    cmd = [disc_run, str(artifact), *(["--blas", _blas()] if blas else []), *cases]
+    cmd = [disc_run, str(artifact), *(["--blas", openblas_library()] if blas else []), *cases]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -10,13 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import gemm_calls
 from jax import export
 
 import disc_stablehlo as disc
-
-
-def _gemm_calls(f) -> int:
-    return sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm"))
 
 
 def test_torch_convolutions_in_nchw_run_as_gemms():
@@ -35,10 +32,10 @@ def test_torch_convolutions_in_nchw_run_as_gemms():
     f = disc.compile(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=(dims,))
     for b, h, w in [(1, 16, 16), (3, 40, 24), (2, 64, 48)]:
         x = torch.randn(b, 3, h, w)
-        before = _gemm_calls(f)
+        before = gemm_calls(f)
         with torch.no_grad():
             torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-5)
-        assert _gemm_calls(f) - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
+        assert gemm_calls(f) - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
 
 
 @pytest.mark.parametrize("conv, shape", [("Conv1d", (3, 4, 37)), ("Conv3d", (2, 4, 9, 10, 7))])
@@ -112,6 +109,6 @@ def test_jax_convolutions_in_nhwc_run_as_gemms():
     f = disc.compile(fn, jax.ShapeDtypeStruct((b, h, w, 4), jnp.float32))
     for shape in [(1, 8, 8, 4), (2, 17, 12, 4), (3, 32, 9, 4)]:
         x = rng.standard_normal(shape).astype(np.float32)
-        before = _gemm_calls(f)
+        before = gemm_calls(f)
         np.testing.assert_allclose(f(x), jax.jit(fn)(x), rtol=1e-4, atol=1e-4)
-        assert _gemm_calls(f) - before == 2
+        assert gemm_calls(f) - before == 2

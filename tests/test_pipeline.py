@@ -444,7 +444,7 @@ def test_weight_broadcast_along_the_batch_is_read_once():
     copying it per batch entry; when the left operand's entries follow each other in memory
     the batch becomes rows of one GEMM. Either way: no loop kernel, one GEMM call."""
     import jax.numpy as jnp
-    from conftest import specs_for
+    from conftest import gemm_calls, specs_for
 
     def rows(x, w):  # [b, s, k] x broadcast [k, n]: one GEMM of b * s rows
         return jnp.einsum("bsk,bkn->bsn", x, jnp.broadcast_to(w, (x.shape[0],) + w.shape))
@@ -458,9 +458,9 @@ def test_weight_broadcast_along_the_batch_is_read_once():
         for b in (1, 3, 8):
             rng = np.random.default_rng(b)
             x, w = rng.standard_normal((b, *x_dims)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
-            before = sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm"))
+            before = gemm_calls(f)
             np.testing.assert_allclose(f(x, w), fn(x, w), rtol=1e-4, atol=1e-4)
-            assert sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm")) - before == 1
+            assert gemm_calls(f) - before == 1
 
 
 def test_constant_whole_powers_are_products():

@@ -163,15 +163,17 @@ def _broadcast_source_dims(op: ir.Operation) -> list[int] | None:
     return None
 
 
-def _fold_batch_broadcast(op: ir.Operation, batch: list[int], contracting: list[int]) -> tuple[list[int], list[int]] | None:
+def _fold_batch_broadcast(op: ir.Operation, batch: list[int], contracting: list[int]) -> list[int] | None:
     """A right operand that is a broadcast along the batch dims only (a weight shared by every
     batch entry: torch-mlir's `matmul` of [b, s, k] by [k, n]) is read as the broadcast's
     operand, without batch dims (the GEMM reads it with batch stride 0). Returns the right
     operand's contracting dims after the fold (None: no fold)."""
+    if not batch:
+        return None
     v = op.operands[1]
     while not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
         v = v.owner.operands[0]
-    if isinstance(v.owner, ir.Block) or not batch:
+    if isinstance(v.owner, ir.Block):
         return None
     dims = _broadcast_source_dims(v.owner)
     if dims is None or dims != [d for d in range(ir.RankedTensorType(v.type).rank) if d not in batch]:

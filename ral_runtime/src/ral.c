@@ -593,23 +593,24 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   }
 }
 
+/* One block per `min_len` started in `len`, at most `most`. */
+static int64_t gemm_blocks(int64_t len, int64_t min_len, int64_t most) {
+  int64_t blocks = (len + min_len - 1) / min_len;
+  return blocks < most ? blocks : most;
+}
+
 /* Blocks for `threads` workers: whole batch entries when there are enough, else blocks of the
  * longer of the two dims of C (each block packs the whole other operand: splitting rows has
  * every thread pack all of B, splitting columns all of A), then of the other. */
+
 static void gemm_split(gemm_job *g, int64_t batch, int threads) {
   int64_t row_blocks = 1, col_blocks = 1;
-  if (batch < threads) {
-    int columns_first = g->n > g->m;
-    int64_t *first = columns_first ? &col_blocks : &row_blocks, *second = columns_first ? &row_blocks : &col_blocks;
-    int64_t first_len = columns_first ? g->n : g->m, second_len = columns_first ? g->m : g->n;
-    int64_t first_min = columns_first ? RAL_GEMM_COLS_MIN : RAL_GEMM_ROWS_MIN;
-    int64_t second_min = columns_first ? RAL_GEMM_ROWS_MIN : RAL_GEMM_COLS_MIN;
-    *first = (first_len + first_min - 1) / first_min;
-    if (*first > threads) *first = threads;
-    if (*first < threads) {
-      *second = (second_len + second_min - 1) / second_min;
-      if (*second > threads / *first) *second = threads / *first;
-    }
+  if (batch < threads && g->n > g->m) {
+    col_blocks = gemm_blocks(g->n, RAL_GEMM_COLS_MIN, threads);
+    row_blocks = gemm_blocks(g->m, RAL_GEMM_ROWS_MIN, threads / col_blocks);
+  } else if (batch < threads) {
+    row_blocks = gemm_blocks(g->m, RAL_GEMM_ROWS_MIN, threads);
+    col_blocks = gemm_blocks(g->n, RAL_GEMM_COLS_MIN, threads / row_blocks);
   }
   g->rows_per_task = (g->m + row_blocks - 1) / row_blocks;
   g->row_tasks = (g->m + g->rows_per_task - 1) / g->rows_per_task;
