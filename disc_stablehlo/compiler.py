@@ -28,9 +28,8 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
     buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
-    if worker.enabled():
-        worker.worker()  # starts up (MLIR, LLVM) while the frontend exports
     frontends = importlib.import_module(f"{__package__}.import")
+    worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
     source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
     return compile_source(source, binding, constraints, target, buffer_reuse)
 

@@ -68,6 +68,16 @@ class Worker:
                                      stdout=subprocess.PIPE, stderr=self.log,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
 
+    def prepare(self, modules: tuple[str, ...]) -> None:
+        """Has the worker load `modules` now (no reply: a failure shows in the compilation that needs them)."""
+        if not modules:
+            return
+        with self.lock:
+            try:
+                _send(self.proc.stdin, {"prepare": modules})
+            except OSError:
+                pass  # a worker that died: the compilation reports it
+
     def close(self) -> None:
         """Ends the worker (registered for the caller's exit): its input closes and it returns."""
         if self.pid != os.getpid():
@@ -158,6 +168,13 @@ def worker() -> Worker:
         return _worker
 
 
+def prepare(modules: tuple[str, ...]) -> None:
+    """Starts the worker if there is none (it loads MLIR and LLVM in the background) and has it load
+    `modules`, the importer's, while the caller's frontend exports; nothing without a worker."""
+    if enabled():
+        worker().prepare(modules)
+
+
 def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
             progress: Callable[[str], None] | None = None) -> tuple[str, bool]:
     """Compiles `source` into an artifact; returns its path (`out_path`, or in DISC_CACHE_DIR when
@@ -227,6 +244,8 @@ def serve() -> None:
     # ops (linalg's alone takes 0.25 s): loaded while the caller's frontend exports
     from torch_mlir.dialects import arith, complex, func, linalg, math, memref, scf, tensor  # noqa: F401
 
+    from importlib import import_module
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # prints of the compiler must not corrupt the replies
     while True:
@@ -234,6 +253,13 @@ def serve() -> None:
             request = _receive(stdin)
         except EOFError:
             return
+        if "prepare" in request:
+            for name in request["prepare"]:
+                try:
+                    import_module(name)
+                except Exception:
+                    pass  # the compilation that needs it reports the error
+            continue
         os.environ.update(request["env"])
         for k in [k for k in os.environ if k.startswith(_ENV_PREFIX) and k not in request["env"]]:
             del os.environ[k]

@@ -438,6 +438,25 @@ def test_transposed_gemm_operands_are_read_in_place():
         np.testing.assert_allclose(g(x, w), reordered(x, w), rtol=1e-5, atol=1e-5)
 
 
+def test_a_gemm_operand_read_again_later_is_not_overwritten_in_between():
+    """Two products read `a`; between them `b`, of `a`'s shape, is computed. Its buffer must not
+    be `a`'s (the second product's read of `a` is at its call, not at the first one's)."""
+    from conftest import specs_for
+
+    def fn(q, k, k2):
+        a = q * 0.35
+        first = a @ k.T
+        b = q * 0.3
+        return first, b @ k.T, a @ k2.T
+
+    f = disc.compile(fn, *specs_for([(("n", 8), np.float32), (("m", 8), np.float32), (("m", 8), np.float32)], "n, m"))
+    for n, m in [(1, 2), (5, 3), (17, 9)]:
+        rng = np.random.default_rng(n)
+        q, k, k2 = (rng.standard_normal((d, 8)).astype(np.float32) for d in (n, m, m))
+        for got, want in zip(f(q, k, k2), fn(q, k, k2)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_weight_broadcast_along_the_batch_is_read_once():
     """A batched product whose right operand is a weight broadcast along the batch (torch-mlir's
     `matmul` of [b, s, k] by [k, n]) reads the weight as it is, batch stride 0, instead of

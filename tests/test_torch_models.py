@@ -93,6 +93,30 @@ class Recurrent(torch.nn.Module):
         return self.out(self.rnn(x)[0])
 
 
+class AttentionVariants(torch.nn.Module):
+    """`scaled_dot_product_attention` with each kind of mask: boolean (one row fully masked, which
+    gives zeros), additive, causal with a scale, and grouped-query heads (`enable_gqa`)."""
+
+    def forward(self, q, k, v, keep):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        bool_mask = keep[:, None, None, :] & (torch.arange(q.shape[2]) > 0)[None, None, :, None]
+        additive = (1.0 - keep.float())[:, None, None, :] * -1e4
+        return (sdpa(q, k, v, attn_mask=bool_mask), sdpa(q, k, v, attn_mask=additive), sdpa(q, k, v, is_causal=True, scale=0.3),
+                sdpa(q, k[:, :2], v[:, :2], enable_gqa=True))
+
+
+class InPlace(torch.nn.Module):
+    """In-place ops on fresh tensors (which become functional ops) and on one read again after
+    the update (which stays an update)."""
+
+    def forward(self, x):
+        h = torch.nn.functional.hardswish(x * 2, inplace=True)
+        h += 1
+        shared = x - 1
+        updated = shared.mul_(3)
+        return h.relu_(), shared + updated
+
+
 class ConcatIndependent(torch.nn.Module):
     def forward(self, a, b):
         return torch.cat([a * 2, b + 1], dim=1)
@@ -114,6 +138,10 @@ MODELS = [
     ("lstm", lambda: Recurrent("LSTM"), lambda b, s: (torch.randn(b, 6, 8),), {"x": {0: B}}),
     ("mask_cumsum_argmax_topk", MaskCumsumArgmaxTopk, lambda b, s: (torch.randn(b, s), torch.rand(b, s) > 0.3),
      {"x": {0: B, 1: S}, "mask": {0: B, 1: S}}),
+    ("attention_masks_causal_gqa", AttentionVariants,
+     lambda b, s: (torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.arange(s)[None, :] < s - 1 - torch.arange(b)[:, None] % 2),
+     {"q": {0: B, 2: S}, "k": {0: B, 2: S}, "v": {0: B, 2: S}, "keep": {0: B, 1: S}}),
+    ("in_place_ops", InPlace, lambda b, s: (torch.randn(b, s),), {"x": {0: B, 1: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]
@@ -140,6 +168,18 @@ def test_dim_range_is_a_guard():
         compiled(torch.randn(9, 16))
     with pytest.raises(disc.ShapeError, match=r"'b >= 2' \(torch.export\) violated: b = 1"):
         compiled(torch.randn(1, 16))
+
+
+def test_example_inputs_that_are_one_tensor_stay_separate_arguments():
+    """torch.export binds the uses of aliasing inputs to the last one; the frontend copies them first."""
+    class Model(torch.nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b.sum(dim=0)
+
+    x = torch.randn(3, 4)
+    compiled = disc.compile(Model().eval(), (x, x), dynamic_shapes={"a": {0: Dim("n")}, "b": {0: Dim("m")}})
+    a, b = torch.randn(5, 4), torch.randn(2, 4)
+    torch.testing.assert_close(compiled(a, b), a * 2 + b.sum(dim=0))
 
 
 def test_unbounded_dim_compiles():

@@ -43,6 +43,17 @@ def test_the_worker_is_kept_for_later_compilations():
     assert worker.worker().proc.pid == first
 
 
+def test_the_worker_loads_the_importers_modules_before_the_request(capfd):
+    """`prepare` has the worker import modules (the torch importer's) while the caller exports;
+    one that fails to import changes nothing. (`this` prints when imported: the worker's output
+    reaches the caller's stderr with the next request.)"""
+    worker.prepare(("no_such_module_for_disc", "this"))
+    f = disc.compile(TANH)
+    assert "Beautiful is better than ugly" in capfd.readouterr().err
+    x = np.ones((2, 8), np.float32)
+    np.testing.assert_allclose(f(x), np.tanh(x), rtol=1e-6)
+
+
 def test_errors_in_the_worker_keep_their_class_and_message():
     with pytest.raises(disc.UnsupportedOpError, match="fft"):
         disc.compile("""func.func @main(%x: tensor<8xcomplex<f32>>) -> tensor<8xcomplex<f32>> {

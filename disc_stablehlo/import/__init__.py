@@ -55,27 +55,37 @@ class Imported:
 
 
 Exporter = Callable[..., tuple[Source, Binding]]
-_EXPORTERS: list[tuple[Callable[[Any, tuple], bool], Exporter]] = []
+_EXPORTERS: list[tuple[Callable[[Any, tuple], bool], Exporter, tuple[str, ...]]] = []
 _IMPORTERS: dict[str, Callable[[Source], Imported]] = {}
 
 
 def register_frontend(accepts: Callable[[Any, tuple], bool], export: Exporter, kind: str | None = None,
-                      importer: Callable[[Source], Imported] | None = None) -> None:
+                      importer: Callable[[Source], Imported] | None = None, importer_modules: tuple[str, ...] = ()) -> None:
     """Adds a frontend: `accepts(obj, specs)` says whether it handles `obj`; `export(obj, *specs,
-    **options)` runs in the caller; `importer` turns its `kind` of Source into an `Imported` in the worker."""
-    _EXPORTERS.append((accepts, export))
+    **options)` runs in the caller; `importer` turns its `kind` of Source into an `Imported` in the
+    worker, with `importer_modules` (which the worker loads while the caller exports)."""
+    _EXPORTERS.append((accepts, export, importer_modules))
     if kind is not None and importer is not None:
         _IMPORTERS[kind] = importer
 
 
-def export(obj: Any, *specs: Any, **options: Any) -> tuple[Source, Binding]:
-    """`options` are frontend-specific (`dynamic_shapes=` for PyTorch)."""
-    for accepts, convert in _EXPORTERS:
+def _frontend(obj: Any, specs: tuple) -> tuple[Exporter, tuple[str, ...]]:
+    for accepts, convert, modules in _EXPORTERS:
         if accepts(obj, specs):
-            return convert(obj, *specs, **options)
+            return convert, modules
     raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
                        "specs, a jax.export.Exported, a torch.nn.Module or ExportedProgram, a TensorFlow function "
                        "with tf.TensorSpec specs, or a StableHLO module (text, bytecode or portable artifact)")
+
+
+def importer_modules(obj: Any, *specs: Any) -> tuple[str, ...]:
+    """The modules the worker's importer for `obj` needs (loaded there while the caller exports)."""
+    return _frontend(obj, specs)[1]
+
+
+def export(obj: Any, *specs: Any, **options: Any) -> tuple[Source, Binding]:
+    """`options` are frontend-specific (`dynamic_shapes=` for PyTorch)."""
+    return _frontend(obj, specs)[0](obj, *specs, **options)
 
 
 def import_source(source: Source) -> Imported:

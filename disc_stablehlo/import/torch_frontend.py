@@ -141,15 +141,51 @@ def _transformer_encoder_layer(src: Any, embed_dim: int, num_heads: int, qkv_wei
     return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
 
 
+# ATen ops torch-mlir's own (C++) decompositions and conversions take: kept whole, since
+# decomposing them here re-traces each with symbolic sizes (linear, layer_norm and matmul were 2.5 s
+# of BERT-base's 5.9 s of decomposition)
+_KEPT_WHOLE = ("linear", "matmul", "layer_norm", "conv2d", "hardswish", "hardsigmoid")
+
+
+def _scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Any:
+    """Attention as its math: scores scaled (through the queries), a boolean mask (True: attend)
+    or an additive one, causal masking, key/value heads repeated for grouped queries, and a softmax
+    that gives rows with every key masked zeros (as PyTorch's). torch's own decomposition goes
+    through its CPU flash-attention op and takes seconds to trace with symbolic sizes."""
+    import torch
+
+    from ..errors import UnsupportedOpError
+
+    if dropout_p:
+        raise UnsupportedOpError(f"aten.scaled_dot_product_attention with dropout_p={dropout_p} (training): export the model in eval mode")
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        def repeated(x: Any) -> Any:
+            groups = query.shape[-3] // x.shape[-3]
+            grown = x.unsqueeze(-3).expand(*x.shape[:-2], groups, *x.shape[-2:])
+            return grown.reshape(*x.shape[:-3], x.shape[-3] * groups, *x.shape[-2:])
+        key, value = repeated(key), repeated(value)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(query * scale, key.transpose(-2, -1))
+    if is_causal:
+        rows, cols = query.shape[-2], key.shape[-2]
+        attn_mask = torch.ones(rows, cols, dtype=torch.bool, device=query.device).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return torch.matmul(torch.ops.aten._safe_softmax.default(scores, -1), value)
+
+
 def _decompositions() -> dict:
-    """torch-mlir's table plus ours (stable sort, group norm, nearest upsampling,
-    empty_strided, the fused inference paths of `nn.MultiheadAttention` and
-    `nn.TransformerEncoderLayer`)."""
+    """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
+    (stable sort, group norm, nearest upsampling, empty_strided, scaled dot-product attention,
+    the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
-    table = dict(get_decomposition_table())
+    kept = {getattr(torch.ops.aten, name).default for name in _KEPT_WHOLE}
+    table = {op: fn for op, fn in get_decomposition_table().items() if op not in kept}
     table[torch.ops.aten.empty_strided.default] = _empty_strided
+    table[torch.ops.aten.scaled_dot_product_attention.default] = _scaled_dot_product_attention
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.native_group_norm.default] = _group_norm
     table[torch.ops.aten._native_multi_head_attention.default] = _native_multi_head_attention
@@ -321,7 +357,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
     else:
-        args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        args = _unaliased(tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
         try:
             ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
         except Exception as e:
@@ -349,14 +385,37 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
                   weights=weights), Binding()
 
 
+def _unaliased(args: tuple) -> tuple:
+    """The example inputs with each tensor that shares memory with an earlier one copied:
+    torch.export takes inputs that alias for one input and binds every use to the last of them
+    (`f(x, x, x)` would compile a function reading its third argument only)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    seen: set[int] = set()
+
+    def own(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        address = x.untyped_storage().data_ptr()
+        if address in seen:
+            return x.clone()
+        seen.add(address)
+        return x
+    return tree_map(own, args)
+
+
 def _decomposable_forms(ep: Any) -> None:
-    """Ops whose exported form decomposition cannot take, replaced by ATen ops computing the same
-    (the exported program is functional: a view and a copy mean the same). `view` becomes
-    `reshape`: re-tracing with symbolic sizes can give a tensor strides that `view` rejects where
-    the first trace saw a contiguous one (GPT-2's attention output: its `.contiguous()` was a no-op
-    then and is gone), while `reshape` copies where it must. prims' views (which AOTAutograd's
-    decompositions leave in dynamo's graphs: squeeze.dim -> prims.squeeze) become their ATen
-    forms: functionalization takes no aliasing op outside ATen."""
+    """Ops whose exported form decomposition cannot take, or takes slowly, replaced by ATen ops
+    computing the same (the exported program is functional: a view and a copy mean the same).
+    `view` becomes `reshape`: re-tracing with symbolic sizes can give a tensor strides that `view`
+    rejects where the first trace saw a contiguous one (GPT-2's attention output: its
+    `.contiguous()` was a no-op then and is gone), while `reshape` copies where it must. prims'
+    views (which AOTAutograd's decompositions leave in dynamo's graphs: squeeze.dim ->
+    prims.squeeze) become their ATen forms: functionalization takes no aliasing op outside ATen.
+    An in-place op (`relu_`, `hardswish_`, `add_`) on a fresh tensor nothing else reads becomes
+    its functional form: functionalizing it goes through torch's reference decomposition of the
+    op, which costs a model like MobileNetV3 seconds with symbolic sizes."""
     import torch
 
     forms = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
@@ -365,11 +424,32 @@ def _decomposable_forms(ep: Any) -> None:
              torch.ops.prims.transpose.default: torch.ops.aten.permute.default}
     changed = False
     for node in ep.graph.nodes:
-        if node.op == "call_function" and node.target in forms:
-            node.target = forms[node.target]
+        if node.op != "call_function":
+            continue
+        target = forms.get(node.target) or _functional_form(node)
+        if target is not None:
+            node.target = target
             changed = True
     if changed:
         ep.graph_module.recompile()
+
+
+def _functional_form(node: Any) -> Any:
+    """The functional overload of an in-place ATen op whose `self` is a fresh tensor (the result
+    of an op that returns no alias) read by nothing else; None otherwise."""
+    import torch
+
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.name.startswith("aten::") or not schema.name.endswith("_") or not node.args:
+        return None
+    packet = getattr(torch.ops.aten, schema.name[len("aten::"):-1], None)
+    functional = getattr(packet, node.target._overloadname, None) if packet is not None else None
+    self = node.args[0]
+    producer = getattr(getattr(self, "target", None), "_schema", None)
+    if (functional is None or len(self.users) != 1 or self.op != "call_function" or producer is None
+            or any(r.alias_info is not None for r in producer.returns)):
+        return None
+    return functional
 
 
 def _restore_list_values(graph: Any) -> None:
@@ -423,7 +503,10 @@ def import_torch(source: Source) -> Imported:
         return Imported(module, entry_name(entry), sig, checked=source.checked, params=params)
 
 
-register_frontend(_is_torch, _export_torch, "torch", import_torch)
+# what `import_torch` loads: 1.8 s, spent in the worker while the caller exports
+_IMPORTER_MODULES = ("torch", "torch.export", "torch._export.serde.serialize", "torch_mlir.fx", "torch_mlir.extras.fx_importer",
+                     "torch_mlir.dialects.torch")
+register_frontend(_is_torch, _export_torch, "torch", import_torch, _IMPORTER_MODULES)
 
 
 def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[list, list], tuple]]:
@@ -510,10 +593,12 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     import torch
     from torch._dynamo.backends.common import aot_autograd
 
+    from .. import worker
     from ..compiler import compile_source
     from ..errors import DiscError
 
     def forward_compiler(graph: Any, inputs: list) -> Any:
+        worker.prepare(_IMPORTER_MODULES)
         try:
             source, assemble = _from_fx_graph(graph, inputs)
             compiled = compile_source(source, Binding())

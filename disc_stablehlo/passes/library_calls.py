@@ -35,6 +35,19 @@ def _product(t: Text, dims: list[str]) -> str:
     return acc
 
 
+def keep_reads_at_their_calls(module: ir.Module) -> None:
+    """A library call reads its operands through a `bufferization.to_buffer` of its own, just
+    before the call: one-shot bufferization takes that op as the read. CSE would merge two
+    reads of one tensor into the first, and an op writing in place between the two calls could
+    then overwrite the buffer the second call still reads (attention whose queries are scaled
+    three ways): each read gets a distinct attribute, so none merges with another."""
+    from ..mlir_support import walk
+
+    reads = [op for op in walk(module.operation) if op.name == "bufferization.to_buffer"]
+    for i, op in enumerate(reads):
+        op.attributes["disc.read"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
+
+
 def _memref_type(vtype: ir.Type, elem: str) -> str:
     """The row-major memref type of a tensor type's shape."""
     rt = ir.RankedTensorType(vtype)

@@ -27,6 +27,7 @@ from .epilogues import fuse_gemm_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
+from .library_calls import keep_reads_at_their_calls
 from .lower import lower_module
 from .math_ops import integer_powers_as_products, keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
@@ -117,6 +118,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         constraint_function(module).erase()
         lower_module(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining lowered ops")
+        keep_reads_at_their_calls(module)
         # 7. the rest of StableHLO to linalg (upstream), then nothing of StableHLO may be left
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
