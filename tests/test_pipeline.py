@@ -482,6 +482,27 @@ def test_weight_broadcast_along_the_batch_is_read_once():
             assert gemm_calls(f) - before == 1
 
 
+def test_seq_first_projection_runs_as_long_gemms():
+    """torch-mlir's linear on a seq-first view ([s, b, k], nn.MultiheadAttention's layout) is a
+    product batched over s with the weight broadcast: s GEMMs of b rows each. The RAL swaps
+    entries and rows when there are more entries (b GEMMs of s rows), with the epilogue after."""
+    import jax.numpy as jnp
+    from conftest import gemm_calls, specs_for
+
+    def fn(x, w, bias):
+        xs = x.transpose(1, 0, 2)
+        return jnp.maximum(jnp.matmul(xs, jnp.broadcast_to(w, (xs.shape[0],) + w.shape)) + bias, 0.0)
+
+    f = disc.compile(fn, *specs_for([(("b", "s", 16), np.float32), ((16, 24), np.float32), ((24,), np.float32)], "b, s"))
+    assert f.llvm_ir.count("call void @disc_ral_gemm_f32") == 1
+    for b, s in [(1, 37), (3, 5), (2, 1), (6, 2)]:
+        rng = np.random.default_rng(b * s)
+        x, w, bias = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, s, 16), (16, 24), (24,)))
+        before = gemm_calls(f)
+        np.testing.assert_allclose(f(x, w, bias), fn(x, w, bias), rtol=1e-5, atol=1e-5)
+        assert gemm_calls(f) - before == 1
+
+
 def test_constant_whole_powers_are_products():
     """`x ** 3.0` (GELU-tanh's cube, a `stablehlo.power` by a constant) is multiplications, not a
     scalar libm `powf` per element; other exponents keep `powf`."""

@@ -639,6 +639,21 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     return;
   }
   ral_parallel_body epilogue = g->epilogue;
+  if (g->inner == batch && g->sb_i == 0 && batch > g->m && sa_k == 1 && g->sa_i >= g->k && g->sc_i >= g->n) {
+    /* one batch level sharing B (a weight), A's rows contiguous: entries and rows are
+     * interchangeable, and the more numerous become the rows (a seq-first projection, [seq,
+     * batch, k] x [k, n], is seq GEMMs of batch rows each; swapped, batch GEMMs of seq rows). The
+     * epilogue then runs after. */
+    int64_t entries = batch, entry_stride = g->sa_i, c_entry_stride = g->sc_i;
+    batch = g->m;
+    g->inner = g->m;
+    g->m = entries;
+    g->sa_i = sa_m;
+    sa_m = entry_stride;
+    g->sc_i = g->ldc;
+    g->ldc = c_entry_stride;
+    g->epilogue = NULL;
+  }
   int empty = g->m == 0 || g->n == 0 || batch == 0;
   if (!empty && (!blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda) || !blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb))) {
     snprintf(message, sizeof message, "%s: operand has no unit stride", name);

@@ -150,15 +150,20 @@ static void add_one(void *data, int64_t lo, int64_t hi) {
   }
 }
 
-/* batch x [m x k] x [k x n] with the epilogue: every row seen once, after its product */
-static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int64_t n, int64_t k) {
+/* batch x [m x k] x [k x n] with the epilogue: every row seen once, after its product; the batch
+ * as the outer level, or as the inner one (`inner`: where entries and rows may swap) */
+static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int64_t n, int64_t k, int inner) {
   float *a = malloc(sizeof(float) * batch * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * batch * m * n);
   atomic_int *seen = calloc((size_t)(batch * m), sizeof(atomic_int));
   for (int64_t i = 0; i < batch * m * k; i++) a[i] = (float)((i * 5) % 9) - 4;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
   epilogue_data e = {.c = c, .n = n, .seen = seen};
-  disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, m * n, m * n, n, add_one, &e, batch * m,
-                             batch * m * n);
+  if (inner)
+    disc_ral_gemm_f32_epilogue(1, batch, m, n, k, a, batch * m * k, m * k, k, 1, b, 0, 0, n, 1, c, batch * m * n, m * n, n, add_one, &e,
+                               batch * m, batch * m * n);
+  else
+    disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, m * n, m * n, n, add_one, &e, batch * m,
+                               batch * m * n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t bi = 0; bi < batch; bi++)
     for (int64_t i = 0; i < m && ok; i++) {
@@ -230,14 +235,16 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
     CHECK(gemm_heads_match(ctx, 3, 40, 4, 16));       /* two batch levels, transposed views */
     CHECK(gemm_heads_match(ctx, 1, 5, 2, 3));         /* small: inline */
-    CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40));  /* row blocks, one per thread: after the product */
-    CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32));  /* behind each of 16 batch entries */
-    CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128));  /* column blocks: after the product */
-    CHECK(gemm_epilogue_matches(ctx, 2, 3, 5, 4));      /* small: inline */
-    CHECK(gemm_epilogue_matches(ctx, 1, 4, 5, 0));      /* k == 0: zeros, then the epilogue */
+    CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40, 0));  /* row blocks, one per thread: after the product */
+    CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 0));  /* behind each of 16 batch entries */
+    CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128, 0));  /* column blocks: after the product */
+    CHECK(gemm_epilogue_matches(ctx, 2, 3, 5, 4, 0));      /* small: inline */
+    CHECK(gemm_epilogue_matches(ctx, 1, 4, 5, 0, 0));      /* k == 0: zeros, then the epilogue */
+    CHECK(gemm_epilogue_matches(ctx, 300, 2, 64, 32, 1)); /* 300 entries of 2 rows sharing B: swapped */
+    CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 1)); /* fewer entries than rows: as they are */
     ral_kernel_stat st;
     ral_kernel_stats((const void *)add_one, &st);
-    CHECK(st.calls == 5 && st.fused_calls == 1); /* the product with enough whole-row tasks */
+    CHECK(st.calls == 7 && st.fused_calls == 2); /* the products with enough whole-row tasks (not the swapped one) */
     disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 3, 1, NULL, 0, 0, 5, 1, NULL, 20, 20, 5, add_one, NULL, 7, 20);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
   }
