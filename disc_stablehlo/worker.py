@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from importlib import import_module
 from typing import Any, BinaryIO, Callable
 
 from . import artifact
@@ -204,8 +205,6 @@ def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
     """Runs one compilation (in the worker, or here when the worker is disabled): returns the
     artifact's path, and unless it was found in the cache, the partial file written for it and
     where the caller's weights go (`artifact.write`)."""
-    from importlib import import_module
-
     from . import mlir_support
     from .build import build_artifact, cache_key
     from .targets import get_target
@@ -243,8 +242,6 @@ def serve() -> None:
     # the dialects' Python modules, which MLIR's bindings import when the passes first meet their
     # ops (linalg's alone takes 0.25 s): loaded while the caller's frontend exports
     from torch_mlir.dialects import arith, complex, func, linalg, math, memref, scf, tensor  # noqa: F401
-
-    from importlib import import_module
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # prints of the compiler must not corrupt the replies

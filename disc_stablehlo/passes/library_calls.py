@@ -11,7 +11,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import REASSOCIATION_ATTR
-from ..mlir_support import int_list
+from ..mlir_support import int_list, walk
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
@@ -41,8 +41,6 @@ def keep_reads_at_their_calls(module: ir.Module) -> None:
     reads of one tensor into the first, and an op writing in place between the two calls could
     then overwrite the buffer the second call still reads (attention whose queries are scaled
     three ways): each read gets a distinct attribute, so none merges with another."""
-    from ..mlir_support import walk
-
     reads = [op for op in walk(module.operation) if op.name == "bufferization.to_buffer"]
     for i, op in enumerate(reads):
         op.attributes["disc.read"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)

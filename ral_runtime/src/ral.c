@@ -602,7 +602,6 @@ static int64_t gemm_blocks(int64_t len, int64_t min_len, int64_t most) {
 /* Blocks for `threads` workers: whole batch entries when there are enough, else blocks of the
  * longer of the two dims of C (each block packs the whole other operand: splitting rows has
  * every thread pack all of B, splitting columns all of A), then of the other. */
-
 static void gemm_split(gemm_job *g, int64_t batch, int threads) {
   int64_t row_blocks = 1, col_blocks = 1;
   if (batch < threads && g->n > g->m) {
