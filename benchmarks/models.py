@@ -9,15 +9,18 @@ side in one process with the same threads and the same torch tensors as inputs:
 
 For every peer the same treatment: its first call at each shape is timed and reported ("first
 calls", compilation included: disc_stablehlo's `disc.compile` is counted there too), then the
-median of --reps calls per shape, the shapes taken round robin. Writes benchmarks/models.json (a
+median of --reps calls per shape, the shapes taken round robin and the peers' order rotated from
+one repetition to the next. Each peer has its own copy of the weights, so none reads weights
+another has just brought into the cache. Writes benchmarks/models.json (a
 run of some models replaces their rows) and benchmarks/models.png.
 
-    python benchmarks/models.py [--models bert,gpt2,llama,vit,resnet50,mobilenet] [--reps 5]
+    python benchmarks/models.py [--models bert,gpt2,llama,vit,resnet50,mobilenet] [--reps 6]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -103,7 +106,9 @@ def measure(name: str, reps: int) -> dict:
     disc_compile = time.perf_counter() - t0
     peers["disc_stablehlo"] = compiled
     peers["torch eager"] = model
-    peers["torch.compile"] = torch.compile(model, dynamic=True)
+    # its own copy of the weights, as disc_stablehlo has: sharing eager's would let one of them read
+    # weights the other just brought into the cache (this machine's L3 holds most of BERT-base's)
+    peers["torch.compile"] = torch.compile(copy.deepcopy(model), dynamic=True)
 
     result = {"model": LABELS[name], "params_M": sum(p.numel() for p in model.parameters()) / 1e6,
               "disc_compile_s": disc_compile, "kernels": len({k.name for k in compiled.kernels}),
@@ -118,9 +123,11 @@ def measure(name: str, reps: int) -> dict:
                 result["max_abs_diff"][peer] = max(result["max_abs_diff"][peer], float((got - want[k]).abs().max()))
             result["first_calls_s"][peer] = time.perf_counter() - t0 + (disc_compile if peer == "disc_stablehlo" else 0.0)
         times: dict[str, dict[str, list[float]]] = {p: {k: [] for k in data} for p in peers}
-        for _ in range(reps):
+        names = list(peers)
+        for rep in range(reps):
             for k, v in data.items():
-                for peer, fn in peers.items():
+                for peer in names[rep % len(names):] + names[:rep % len(names)]:  # each peer follows each other
+                    fn = peers[peer]
                     t0 = time.perf_counter()
                     fn(*v)
                     times[peer][k].append(time.perf_counter() - t0)
@@ -164,7 +171,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=6)
     ns = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     print(f"{os.cpu_count()} cores, {THREADS} threads per peer, torch {torch.__version__}", flush=True)

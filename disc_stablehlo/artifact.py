@@ -1,7 +1,7 @@
 """One-file artifacts (format: docs/artifact.md): written by the compiler, read by the runtime.
 
 A `.disc` file holds the host shared object with its kernels, the parameters (64-byte aligned,
-memory-mapped read-only at load) and a JSON header: the signature with its dimension variables,
+copied out of the read-only mapping at load) and a JSON header: the signature with its dimension variables,
 the guard's messages, the target, versions and what the compiler reports (kernels, shape facts).
 A SHA-256 over everything after the fixed prefix guards against truncated or corrupted files.
 Reading needs neither MLIR nor LLVM nor any framework."""
@@ -233,9 +233,22 @@ class Artifact:
         return memoryview(self.data)[offset:offset + size]
 
     def params(self) -> list[np.ndarray]:
-        """The parameters as read-only arrays over the mapped file (no copy)."""
-        return [np.frombuffer(self.data, ELEMENT_TYPES[p["dtype"]], int(np.prod(p["shape"], dtype=np.int64)), p["offset"])
-                .reshape(p["shape"]) for p in self.header["params"]]
+        """The parameters, read-only, copied out of the mapped file into one block of the
+        process's own memory: kernels stream weights from there markedly faster than from the
+        file's page-cache pages once other work has taken them out of the cache (GPT-2 at
+        (1, 32): a call after another model's 58 -> 47 ms)."""
+        params = self.header["params"]
+        if not params:
+            return []
+        start = min(p["offset"] for p in params)
+        size = max(p["offset"] + p["nbytes"] for p in params) - start
+        memory = np.empty(size + ALIGN, np.uint8)
+        skip = -memory.ctypes.data % ALIGN  # the file's alignment kept
+        block = memory[skip:skip + size]
+        block[:] = np.frombuffer(self.data, np.uint8, size, start)
+        block.flags.writeable = False
+        return [np.frombuffer(block, ELEMENT_TYPES[p["dtype"]], int(np.prod(p["shape"], dtype=np.int64)), p["offset"] - start)
+                .reshape(p["shape"]) for p in params]
 
     @property
     def signature(self) -> Signature:

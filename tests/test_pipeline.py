@@ -539,3 +539,46 @@ def test_vector_tail_versions_are_chosen_from_the_real_sizes():
             "no tail": ran == "no tail", "tail": ran == "tail"}
     proven = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"), constraints=["mod(s, 16) == 0"])
     assert [k.version for k in proven.kernels] == [""]
+
+
+def test_booleans_in_memory_are_accessed_as_bytes():
+    """LLVM vectorises no loop that loads or stores an i1, so booleans in memory are read and
+    written as their bytes; any nonzero byte is true, as numpy reads a bool."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    (n,) = export.symbolic_shape("n")
+    f = disc.compile(lambda m, x: (jnp.where(m, x, -jnp.inf), ~m), jax.ShapeDtypeStruct((n,), jnp.bool_),
+                     jax.ShapeDtypeStruct((n,), jnp.float32))
+    assert " load i1," not in f.llvm_ir and " store i1 " not in f.llvm_ir
+    raw = np.array([0, 1, 2, 255, 0, 7, 1, 0, 16] * 5, np.uint8)
+    x = np.arange(raw.size, dtype=np.float32)
+    selected, negated = f(raw.view(np.bool_), x)
+    np.testing.assert_array_equal(selected, np.where(raw != 0, x, -np.inf))
+    np.testing.assert_array_equal(negated, raw == 0)
+
+
+def test_converted_scalar_constants_fold():
+    """Converts (then reshapes) of splat constants, as torch-mlir emits for a model's Python
+    scalars, fold as `stablehlo.convert` converts: float to float rounds, integers wrap, floats
+    truncate toward zero, nonzero is true (test_torch_models checks the kernels it saves)."""
+    f = disc.compile("""func.func @main(%x: tensor<?xf32>) -> (tensor<?xf32>, tensor<i8>, tensor<i32>, tensor<i1>) {
+      %lo64 = arith.constant dense<-1.5> : tensor<1xf64>
+      %lo1 = stablehlo.convert %lo64 : (tensor<1xf64>) -> tensor<1xf32>
+      %lo = stablehlo.reshape %lo1 : (tensor<1xf32>) -> tensor<f32>
+      %hi64 = arith.constant dense<3> : tensor<1xi64>
+      %hi1 = stablehlo.convert %hi64 : (tensor<1xi64>) -> tensor<1xf32>
+      %hi = stablehlo.reshape %hi1 : (tensor<1xf32>) -> tensor<f32>
+      %y = stablehlo.clamp %lo, %x, %hi : (tensor<f32>, tensor<?xf32>, tensor<f32>) -> tensor<?xf32>
+      %w = stablehlo.constant dense<300> : tensor<i32>
+      %w8 = stablehlo.convert %w : (tensor<i32>) -> tensor<i8>
+      %t = stablehlo.constant dense<-2.7> : tensor<f32>
+      %ti = stablehlo.convert %t : (tensor<f32>) -> tensor<i32>
+      %tb = stablehlo.convert %t : (tensor<f32>) -> tensor<i1>
+      return %y, %w8, %ti, %tb : tensor<?xf32>, tensor<i8>, tensor<i32>, tensor<i1>
+    }""")
+    x = np.linspace(-4, 4, 17, dtype=np.float32)
+    y, w8, ti, tb = f(x)
+    np.testing.assert_array_equal(y, np.clip(x, -1.5, 3))
+    assert (w8, ti, tb) == (44, -2, True)

@@ -219,3 +219,37 @@ def test_torch_compile_backend_compiles_each_graph_once(monkeypatch):
             x = torch.randn(b, s, 8)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(calls) == 2  # the graphs on either side of the break, each compiled once for all shapes
+
+
+def test_masked_attention_softmax_is_one_kernel():
+    """A boolean mask's select, the row max, the exponentials, their sum and the division read the
+    scores once, in one stitch kernel, and a row with every key masked gives zeros."""
+    class Masked(torch.nn.Module):
+        def forward(self, q, k, v, keep):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+
+    s = Dim("s", min=2, max=64)
+    compiled = disc.compile(Masked().eval(), (torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8),
+                                              torch.ones(2, 4, dtype=torch.bool)),
+                            dynamic_shapes={"q": {2: s}, "k": {2: s}, "v": {2: s}, "keep": {1: s}})
+    [softmax] = [k for k in compiled.kernels if "math.exp" in k.ops]
+    assert softmax.kind == "stitch fusion" and {"arith.select", "arith.maximumf", "arith.divf"} <= set(softmax.ops), softmax
+    q, k, v = (torch.randn(2, 2, 9, 8) for _ in range(3))
+    keep = torch.rand(2, 9) > 0.3
+    keep[1] = False  # every key masked: zeros
+    got = compiled(q, k, v, keep)
+    torch.testing.assert_close(got, Masked()(q, k, v, keep), rtol=1e-5, atol=1e-5)
+    assert not got[1].any()
+
+
+def test_python_scalars_fold_into_the_kernels():
+    """A Python scalar reaches StableHLO as a one-element f64 tensor converted to f32; folded, it
+    no longer keeps the row max and its consumers in separate kernels."""
+    class Clamped(torch.nn.Module):
+        def forward(self, x):
+            return torch.exp(x - x.amax(-1, keepdim=True).clamp_min(-1.5)) / 8.0
+
+    compiled = disc.compile(Clamped(), (torch.randn(2, 3, 8),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
+    assert [k.kind for k in compiled.kernels] == ["stitch fusion"], compiled.kernels
+    x = torch.randn(3, 5, 8) - 4
+    torch.testing.assert_close(compiled(x), Clamped()(x))

@@ -171,8 +171,20 @@ def _scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: A
         rows, cols = query.shape[-2], key.shape[-2]
         attn_mask = torch.ones(rows, cols, dtype=torch.bool, device=query.device).tril()
     if attn_mask is not None:
-        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return torch.matmul(torch.ops.aten._safe_softmax.default(scores, -1), value)
+        scores = torch.where(attn_mask, scores, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return torch.matmul(_softmax_masked_rows_zero(scores), value)
+
+
+def _softmax_masked_rows_zero(scores: Any) -> Any:
+    """Softmax over the last dim, zeros where every score of a row is -inf (aten._safe_softmax),
+    with no pass of its own over the scores: such a row's max is -inf, clamped to the lowest
+    float its exponentials are all 0, and its sum, otherwise at least 1 (the max's own term),
+    is 0, clamped to 1. Half-precision scores are computed in float32, as PyTorch does."""
+    import torch
+
+    x = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    e = torch.exp(x - x.amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).min))
+    return (e / e.sum(-1, keepdim=True).clamp_min(1)).to(scores.dtype)
 
 
 def _decompositions() -> dict:

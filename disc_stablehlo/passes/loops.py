@@ -140,12 +140,28 @@ def _row_local(first: ir.Operation, second: ir.Operation, k: int) -> bool:
             for ref, indices, _ in accesses:
                 if _root(ref) != root:
                     continue
+                ref, indices = _through_unit_expansions(ref, indices)
                 refs.add(ref)
                 if len(indices) < k or any(i != v for i, v in zip(indices[:k], ivs)):
                     return False
         if len(refs) > 1:
             return False
     return True
+
+
+def _through_unit_expansions(ref: ir.Value, indices: list[ir.Value]) -> tuple[ir.Value, list[ir.Value]]:
+    """An access through `memref.expand_shape` views that only add size-1 dims (a reduction's
+    kept dim, [b, h, s, 1, s] over [b, h, s, s]) as the same access of the expanded buffer."""
+    while not isinstance(ref.owner, ir.Block) and operation(ref.owner).name == "memref.expand_shape":
+        op, t = operation(ref.owner), ir.MemRefType(ref.type)
+        base = []
+        for group in ir.ArrayAttr(op.attributes["reassociation"]):
+            sized = [int(d) for d in group if t.is_dynamic_dim(int(d)) or t.shape[int(d)] != 1]
+            if len(sized) > 1:
+                return ref, indices
+            base.append(indices[sized[0] if sized else int(group[0])])
+        ref, indices = op.operands[0], base
+    return ref, indices
 
 
 def _kind(loop: ir.Operation) -> str:

@@ -1,6 +1,6 @@
 """Parameters: large constants (weights) leave the IR. Each becomes a trailing argument of the
 entry function, and its bytes travel beside the module (stored once in the artifact's parameter
-section, memory-mapped at load), so no step prints, parses or rewrites weights as IR text and
+section, one copy at load), so no step prints, parses or rewrites weights as IR text and
 compile time does not grow with the parameter count."""
 
 from __future__ import annotations

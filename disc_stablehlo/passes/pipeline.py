@@ -21,6 +21,7 @@ from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .top_k import protect_top_k
+from .constants import fold_constant_converts
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_gemm_epilogues
@@ -31,7 +32,7 @@ from .library_calls import keep_reads_at_their_calls
 from .lower import lower_module
 from .math_ops import integer_powers_as_products, keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
-from .signless import make_signless
+from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
 from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
@@ -101,6 +102,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         protect_top_k(module)
         run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
         # 3. fold constants and shape computations the frontends leave behind
+        fold_constant_converts(module)
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
         entry = _function(module, entry_name)
         # 4. symbolic shapes and facts; annotates the ops whose lowering a fact simplifies
@@ -161,6 +163,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
+        booleans_as_bytes(module)
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         verify(module, "translation to LLVM IR")

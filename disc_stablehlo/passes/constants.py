@@ -1,0 +1,69 @@
+"""Converts, reshapes and broadcasts of splat constants folded before StableHLO's simplification,
+which leaves them. A Python scalar in a torch model arrives as a one-element f64 or i64 tensor
+converted to the operand's type and reshaped to rank 0 (`x.clamp_min(-3.4e38)`, `x / 8.0`);
+unfolded, it reached the kernels as a one-element buffer filled at run time, a loop of its own
+that kept the loops around it from fusing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from torch_mlir import ir
+
+from ..mlir_support import create_value, operation, walk
+
+_FLOATS = {16: np.float16, 32: np.float32, 64: np.float64}
+_FOLDED = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
+
+
+def _numpy_type(t: ir.Type) -> type | None:
+    """The numpy scalar type of an element type this fold converts exactly as StableHLO does;
+    None for the others (bf16, complex, ...)."""
+    if isinstance(t, (ir.F16Type, ir.F32Type, ir.F64Type)):
+        return _FLOATS[t.width]
+    if isinstance(t, ir.IntegerType) and t.width == 1:
+        return np.bool_
+    if isinstance(t, ir.IntegerType) and t.width in (8, 16, 32, 64):
+        return np.dtype(f"{'u' if t.is_unsigned else 'i'}{t.width // 8}").type
+    return None
+
+
+def _converted(value: float | int | bool, to: type) -> float | int | None:
+    """`value` converted as `stablehlo.convert` converts it (floats round to nearest even,
+    integers wrap, nonzero is true), or None where the spec leaves the result to the
+    implementation (a float outside the integer type's range, NaN or infinite)."""
+    if to is np.bool_:
+        return int(value != 0)
+    if issubclass(to, np.floating):
+        return float(np.array(value).astype(to))
+    if isinstance(value, float):
+        if not math.isfinite(value) or not np.iinfo(to).min <= math.trunc(value) <= np.iinfo(to).max:
+            return None
+        value = math.trunc(value)
+    return int(np.array(value).astype(to))  # wraps, as two's complement
+
+
+def fold_constant_converts(module: ir.Module) -> None:
+    """Converts, reshapes and broadcasts of splat constants become splat constants."""
+    for op in walk(module.operation):
+        if op.name not in _FOLDED or isinstance(op.operands[0].owner, ir.Block) or not op.results[0].type.has_static_shape:
+            continue
+        source = operation(op.operands[0].owner)
+        attr = source.attributes["value"] if source.name in ("stablehlo.constant", "arith.constant") else None
+        if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat:
+            continue
+        scalar = attr.get_splat_value()
+        from_t, to_t = op.operands[0].type.element_type, op.results[0].type.element_type
+        if op.name == "stablehlo.convert":
+            if _numpy_type(from_t) is None or (to := _numpy_type(to_t)) is None:
+                continue
+            value = scalar.value if isinstance(scalar, ir.FloatAttr) else int(scalar.value != 0) if from_t.width == 1 else scalar.value
+            if (converted := _converted(value, to)) is None:
+                continue
+            scalar = ir.FloatAttr.get(to_t, converted) if issubclass(to, np.floating) else ir.IntegerAttr.get(to_t, converted)
+        with ir.InsertionPoint(op), op.location:
+            folded = create_value("stablehlo.constant", [], op.results[0].type,
+                                  value=ir.DenseElementsAttr.get_splat(op.results[0].type, scalar))
+        op.results[0].replace_all_uses_with(folded)
+        op.erase()
