@@ -39,6 +39,22 @@ def test_small_constants_stay_in_the_ir():
     np.testing.assert_allclose(f(x), x * c)
 
 
+def test_complex_constants_stay_in_the_ir():
+    """The bindings cannot hand over complex elements (they fail even casting the attribute): such
+    constants, small or large, stay IR text."""
+    small = (np.arange(8) * (1 + 2j)).astype(np.complex64)
+    large = (np.arange(200) * (1 - 1j)).astype(np.complex64)
+    assert small.nbytes < PARAM_MIN_BYTES <= large.nbytes
+    b, = export.symbolic_shape("b")
+    f = disc.compile(lambda x, y: (x * small, y + large), jax.ShapeDtypeStruct((b, 8), jnp.complex64),
+                     jax.ShapeDtypeStruct((b, 200), jnp.complex64))
+    assert f._exe.params == []
+    x, y = np.ones((3, 8), np.complex64), np.ones((3, 200), np.complex64)
+    got = f(x, y)
+    np.testing.assert_allclose(got[0], x * small)
+    np.testing.assert_allclose(got[1], y + large)
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     with open(f"/proc/{pid}/stat") as f:

@@ -50,11 +50,13 @@ def fold_constant_converts(module: ir.Module) -> None:
         if op.name not in _FOLDED or isinstance(op.operands[0].owner, ir.Block) or not op.results[0].type.has_static_shape:
             continue
         source = operation(op.operands[0].owner)
-        attr = source.attributes["value"] if source.name in ("stablehlo.constant", "arith.constant") else None
+        from_t, to_t = op.operands[0].type.element_type, op.results[0].type.element_type
+        if source.name not in ("stablehlo.constant", "arith.constant") or not isinstance(from_t, (ir.IntegerType, ir.FloatType)):
+            continue  # not a constant, or a complex one (the bindings cannot read its attribute)
+        attr = source.attributes["value"]
         if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat:
             continue
         scalar = attr.get_splat_value()
-        from_t, to_t = op.operands[0].type.element_type, op.results[0].type.element_type
         if op.name == "stablehlo.convert":
             if _numpy_type(from_t) is None or (to := _numpy_type(to_t)) is None:
                 continue

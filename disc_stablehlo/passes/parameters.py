@@ -27,15 +27,16 @@ def add_parameter(func: ir.Operation, t: ir.Type, loc: ir.Location) -> ir.Value:
     return arg
 
 
-def _data(attr: ir.Attribute, t: ir.RankedTensorType) -> np.ndarray | None:
-    """The constant's elements as an array of the type's dtype, or None (splats, types whose
-    elements the bindings cannot hand over)."""
+def _data(constant: ir.Operation, t: ir.RankedTensorType) -> np.ndarray | None:
+    """The constant's elements as an array of the type's dtype, or None (small ones, splats,
+    types whose elements the bindings cannot hand over)."""
     dtype = ELEMENT_TYPES.get(str(t.element_type))
-    if dtype is None or not isinstance(attr, ir.DenseElementsAttr) or attr.is_splat:
-        return None
-    if int(np.prod(t.shape, dtype=np.int64)) * dtype.itemsize < PARAM_MIN_BYTES:
+    if dtype is None or int(np.prod(t.shape, dtype=np.int64)) * dtype.itemsize < PARAM_MIN_BYTES:
         return None
     try:
+        attr = constant.attributes["value"]  # complex elements: the bindings cannot even cast the attribute
+        if not isinstance(attr, ir.DenseElementsAttr) or attr.is_splat:
+            return None
         arr = np.asarray(attr)
     except Exception:  # bf16, complex: kept in the IR
         return None
@@ -55,7 +56,7 @@ def hoist_parameters(entry: ir.Operation) -> list[np.ndarray]:
         if op.name != "stablehlo.constant":
             continue
         t = ir.RankedTensorType(op.result.type)
-        data = _data(op.attributes["value"], t)
+        data = _data(op, t)
         if data is None:
             continue
         key = (str(t), hashlib.sha256(data.data).digest())
