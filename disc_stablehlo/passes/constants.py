@@ -11,31 +11,26 @@ import math
 import numpy as np
 from torch_mlir import ir
 
+from ..bounded_dynamism.signature import ELEMENT_TYPES
 from ..mlir_support import create_value, operation, walk
 
-_FLOATS = {16: np.float16, 32: np.float32, 64: np.float64}
 _FOLDED = ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim")
 
 
-def _numpy_type(t: ir.Type) -> type | None:
-    """The numpy scalar type of an element type this fold converts exactly as StableHLO does;
-    None for the others (bf16, complex, ...)."""
-    if isinstance(t, (ir.F16Type, ir.F32Type, ir.F64Type)):
-        return _FLOATS[t.width]
-    if isinstance(t, ir.IntegerType) and t.width == 1:
-        return np.bool_
-    if isinstance(t, ir.IntegerType) and t.width in (8, 16, 32, 64):
-        return np.dtype(f"{'u' if t.is_unsigned else 'i'}{t.width // 8}").type
-    return None
+def _numpy_type(t: ir.Type) -> np.dtype | None:
+    """The numpy dtype of an element type this fold converts exactly as StableHLO does: bool,
+    integers and IEEE floats (not bf16, whose ml_dtypes type is no numpy float, nor complex)."""
+    dtype = ELEMENT_TYPES.get(str(t))
+    return dtype if dtype is not None and dtype.kind in "biuf" else None
 
 
-def _converted(value: float | int | bool, to: type) -> float | int | None:
+def _converted(value: float | int, to: np.dtype) -> float | int | None:
     """`value` converted as `stablehlo.convert` converts it (floats round to nearest even,
     integers wrap, nonzero is true), or None where the spec leaves the result to the
     implementation (a float outside the integer type's range, NaN or infinite)."""
-    if to is np.bool_:
+    if to.kind == "b":
         return int(value != 0)
-    if issubclass(to, np.floating):
+    if to.kind == "f":
         return float(np.array(value).astype(to))
     if isinstance(value, float):
         if not math.isfinite(value) or not np.iinfo(to).min <= math.trunc(value) <= np.iinfo(to).max:
@@ -58,12 +53,14 @@ def fold_constant_converts(module: ir.Module) -> None:
             continue
         scalar = attr.get_splat_value()
         if op.name == "stablehlo.convert":
-            if _numpy_type(from_t) is None or (to := _numpy_type(to_t)) is None:
+            if (source_type := _numpy_type(from_t)) is None or (to := _numpy_type(to_t)) is None:
                 continue
-            value = scalar.value if isinstance(scalar, ir.FloatAttr) else int(scalar.value != 0) if from_t.width == 1 else scalar.value
+            value = scalar.value
+            if source_type.kind == "b":
+                value = int(value != 0)  # an i1 true may read as -1
             if (converted := _converted(value, to)) is None:
                 continue
-            scalar = ir.FloatAttr.get(to_t, converted) if issubclass(to, np.floating) else ir.IntegerAttr.get(to_t, converted)
+            scalar = ir.FloatAttr.get(to_t, converted) if to.kind == "f" else ir.IntegerAttr.get(to_t, converted)
         with ir.InsertionPoint(op), op.location:
             folded = create_value("stablehlo.constant", [], op.results[0].type,
                                   value=ir.DenseElementsAttr.get_splat(op.results[0].type, scalar))
