@@ -1,6 +1,7 @@
 """Convolutions: ungrouped float ones run as patch matrix x kernel on the RAL's GEMM (any layout,
-stride, padding, dilation), grouped and depthwise ones as direct loop kernels; all compiled once
-with dynamic batch and image size and checked against the framework at several shapes."""
+stride, padding, dilation), grouped and depthwise ones as sums of the window's products (large
+windows: reduction loops); all compiled once with dynamic batch and image size and checked
+against the framework at several shapes."""
 
 from __future__ import annotations
 
@@ -112,3 +113,78 @@ def test_jax_convolutions_in_nhwc_run_as_gemms():
         before = gemm_calls(f)
         np.testing.assert_allclose(f(x), jax.jit(fn)(x), rtol=1e-4, atol=1e-4)
         assert gemm_calls(f) - before == 2
+
+
+def _kinds(f) -> list[str]:
+    return sorted({k.name: k.kind for k in f.kernels if k.version != "no tail"}.values())  # one per vector-tail pair
+
+
+def test_depthwise_convolution_is_one_elementwise_kernel_with_its_batch_norm():
+    """A depthwise convolution (MobileNet's: 3x3, batch norm, hard-swish) is a sum of the
+    window's products, one elementwise kernel with what follows it (no reduction loop over
+    the window): besides it only the padded input's border fill and copy."""
+    torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    norm = torch.nn.BatchNorm2d(24)
+    model = torch.nn.Sequential(torch.nn.Conv2d(24, 24, 3, padding=1, groups=24, bias=False), norm, torch.nn.Hardswish()).eval()
+    norm.running_mean.normal_()
+    norm.running_var.uniform_(0.5, 2.0)
+    dims = {0: Dim("b", max=16), 2: Dim("h", min=2, max=256), 3: Dim("w", min=2, max=256)}
+    f = disc.compile(model, (torch.randn(2, 24, 14, 14),), dynamic_shapes=(dims,))
+    assert _kinds(f) == ["copy", "elementwise", "fill"], _kinds(f)
+    for b, h, w in [(1, 2, 3), (2, 7, 7), (3, 14, 29), (1, 40, 17)]:
+        x = torch.randn(b, 24, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_small_window_convolutions_fused_into_a_reduction():
+    """Depthwise with stride and dilation, grouped (36 products per output) and a 9x9 depthwise
+    window (81 products: a reduction loop instead), each followed by a mean over the image as
+    in squeeze-excitation, so the sum of products is computed inside the reduction's loops:
+    their extent is the output's, not the padded input's."""
+    torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
+    from torch.export import Dim
+
+    class Convs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList([
+                torch.nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8),
+                torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8, bias=False),
+                torch.nn.Conv2d(8, 6, 3, padding=1, groups=2),
+                torch.nn.Conv2d(8, 8, 9, padding=4, groups=8)])
+
+        def forward(self, x):
+            outs = [conv(x) for conv in self.convs]
+            return tuple(outs) + tuple(y.mean((2, 3)) for y in outs)
+
+    torch.manual_seed(1)
+    model = Convs().eval()
+    dims = {0: Dim("b", max=16), 2: Dim("h", min=4, max=256), 3: Dim("w", min=4, max=256)}
+    f = disc.compile(model, (torch.randn(2, 8, 12, 12),), dynamic_shapes=(dims,))
+    for b, h, w in [(1, 4, 5), (2, 12, 12), (3, 23, 9)]:
+        x = torch.randn(b, 8, h, w)
+        with torch.no_grad():
+            for got, want in zip(f(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_jax_grouped_convolution_in_nhwc():
+    b, h, w = export.symbolic_shape("b, h, w", constraints=["h >= 3", "w >= 3"])
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((3, 3, 2, 12)).astype(np.float32)  # HWIO, 3 groups of 2 input features
+
+    def fn(x):
+        y = jax.lax.conv_general_dilated(x, k, (1, 2), [(1, 1), (0, 2)], rhs_dilation=(1, 2), feature_group_count=3,
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return y, y.sum((1, 2))
+
+    f = disc.compile(fn, jax.ShapeDtypeStruct((b, h, w, 6), jnp.float32))
+    for shape in [(1, 3, 3, 6), (2, 9, 14, 6), (3, 16, 5, 6)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for got, want in zip(f(x), jax.jit(fn)(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert gemm_calls(f) == 0 and "reduction" not in " ".join(_kinds(f))

@@ -9,13 +9,19 @@
   kernel is its other operand as it is stored, never copied), a `dot_general` multiplies it
   with the kernel (the BLAS rewrite takes it), and the product is transposed into the output
   layout (written in place by the GEMM);
-- the others (grouped and depthwise convolutions, integer types, window reversal) are one
-  linalg.generic whose affine maps encode the layout, window strides, rhs dilation, window
-  reversal and feature groups, reducing over the window and the input features of the output
-  feature's group (the upstream conversion takes only a dynamic batch, and only in the
-  [b, spatial..., f] layout)."""
+- the others (grouped and depthwise convolutions, integer types, window reversal) with a small
+  window (window positions x the group's input features up to UNROLL_MAX: a depthwise 3x3 to
+  7x7) are one elementwise linalg.generic summing the window's products, each window position
+  reading a strided slice (a view) of the padded input: it fuses with the batch norm and
+  activation after it and vectorises along the output's rows;
+- larger windows are one linalg.generic whose affine maps encode the layout, window strides,
+  rhs dilation, window reversal and feature groups, reducing over the window and the input
+  features of the output feature's group (the upstream conversion takes only a dynamic batch,
+  and only in the [b, spatial..., f] layout)."""
 
 from __future__ import annotations
+
+import itertools
 
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
@@ -40,7 +46,22 @@ def _as_gemm(op: ir.Operation) -> bool:
             and ir.IntegerAttr(op.attributes["batch_group_count"]).value == 1)
 
 
-@register_template("stablehlo.convolution", when=lambda op: _as_gemm(op) or _is_dynamic(op))
+# window positions x input features per group up to which a convolution that is no GEMM is one
+# elementwise sum of products (a depthwise 7x7 has 49)
+UNROLL_MAX = 64
+
+
+def _unrolled(op: ir.Operation) -> bool:
+    """A convolution of one element type whose window (times its group's input features) is small."""
+    rhs_t = ir.RankedTensorType(op.operands[1].type)
+    dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+    return (len({str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}) == 1
+            and ir.IntegerAttr(op.attributes["batch_group_count"]).value == 1 and rhs_t.has_static_shape
+            and rhs_t.shape[dn.kernel_input_feature_dimension] * _static_product(
+                [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]) <= UNROLL_MAX)
+
+
+@register_template("stablehlo.convolution", when=lambda op: _as_gemm(op) or _is_dynamic(op) or _unrolled(op))
 def _convolution(op, t: Text, state):
     dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.operands[1], op.result))
@@ -85,29 +106,72 @@ def _convolution(op, t: Text, state):
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
     if _as_gemm(op):
         return [_gemm(t, op, dn, padded, padded_type, out_dims, strides, rhs_dil, elem)]
-    # iteration space: output dims d0..d{R-1}, then window dims, then the group's input features
     rank = out_t.rank
-    win = [f"d{rank + s}" for s in range(n)]
-    feat = f"d{rank + n}"
+    window = [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]
     out_f = f"d{dn.output_feature_dimension}"
-    group_in = f"({out_f} floordiv {out_features // groups}) * {kernel_in} + {feat}" if groups > 1 else feat
-    lhs_map = [""] * lhs_t.rank
-    lhs_map[dn.input_batch_dimension] = f"d{dn.output_batch_dimension}"
-    lhs_map[dn.input_feature_dimension] = group_in
-    rhs_map = [""] * rhs_t.rank
-    rhs_map[dn.kernel_input_feature_dimension] = feat
-    rhs_map[dn.kernel_output_feature_dimension] = out_f
-    for s in range(n):
-        lhs_map[dn.input_spatial_dimensions[s]] = f"d{dn.output_spatial_dimensions[s]} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
-        k = rhs_t.shape[dn.kernel_spatial_dimensions[s]]
-        rhs_map[dn.kernel_spatial_dimensions[s]] = f"{k - 1} - {win[s]}" if reversal[s] else win[s]
+
+    def maps(win: list[str], feat: str) -> tuple[list[str], list[str]]:
+        """The input's and the kernel's indices at window position `win` and input feature `feat`
+        of the output feature's group (iteration dims or constants)."""
+        lhs_map, rhs_map = [""] * lhs_t.rank, [""] * rhs_t.rank
+        lhs_map[dn.input_batch_dimension] = f"d{dn.output_batch_dimension}"
+        lhs_map[dn.input_feature_dimension] = f"({out_f} floordiv {out_features // groups}) * {kernel_in} + {feat}" if groups > 1 else feat
+        rhs_map[dn.kernel_input_feature_dimension] = feat
+        rhs_map[dn.kernel_output_feature_dimension] = out_f
+        for s in range(n):
+            lhs_map[dn.input_spatial_dimensions[s]] = f"d{dn.output_spatial_dimensions[s]} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
+            rhs_map[dn.kernel_spatial_dimensions[s]] = f"{window[s] - 1} - {win[s]}" if reversal[s] else win[s]
+        return lhs_map, rhs_map
+    mul, add = ("arith.mulf", "arith.addf") if elem.startswith(("f", "bf")) else ("arith.muli", "arith.addi")
+    terms = [(w, f) for w in itertools.product(*map(range, window)) for f in range(kernel_in)]
+    if len(terms) <= UNROLL_MAX:
+        # one elementwise generic summing the window's products: it fuses with its consumers, and
+        # its loops are the output's (LLVM vectorises along the output's rows). Each window
+        # position reads a strided slice of the padded input (a view) of the output's spatial
+        # extent, so the input's operands, not only the output, bound the loops (the output is
+        # gone once a reduction consumer absorbs the generic)
+        sizes = [t.dim(padded, padded_t, d) if padded_t.is_dynamic_dim(d) else str(padded_t.shape[d]) for d in range(lhs_t.rank)]
+        for od, idim in zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions):
+            sizes[idim] = out_dims[od] if out_t.is_dynamic_dim(od) else str(out_t.shape[od])
+        slice_type = f"tensor<{'x'.join('?' if v.startswith('%') else v for v in sizes)}x{elem}>"
+        slices = {}
+        for w in itertools.product(*map(range, window)):
+            offsets, steps = ["0"] * lhs_t.rank, ["1"] * lhs_t.rank
+            for s, idim in enumerate(dn.input_spatial_dimensions):
+                offsets[idim], steps[idim] = str(w[s] * rhs_dil[s]), str(strides[s])
+            slices[w] = t(f"tensor.extract_slice {padded}[{', '.join(offsets)}] [{', '.join(sizes)}] [{', '.join(steps)}] "
+                          f": {padded_type} to {slice_type}")
+        all_dims = ", ".join(f"d{i}" for i in range(rank))
+        indexing = []
+        for k in (0, 1):
+            for w, f in terms:
+                m = maps(list(map(str, w)), str(f))[k]
+                if k == 0:
+                    for s, (od, idim) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions)):
+                        m[idim] = f"d{od}"
+                indexing.append(f"affine_map<({all_dims}) -> ({', '.join(m)})>")
+        indexing.append(f"affine_map<({all_dims}) -> ({all_dims})>")
+        body = [f"%p0 = {mul} %x0, %w0 : {elem}"]
+        for i in range(1, len(terms)):
+            body += [f"%q{i} = {mul} %x{i}, %w{i} : {elem}", f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}"]
+        body.append(f"linalg.yield %p{len(terms) - 1} : {elem}")
+        parallel = ", ".join(['"parallel"'] * rank)
+        operands = ", ".join([slices[w] for w, _ in terms] + ["%a1"] * len(terms))
+        types = ", ".join([slice_type] * len(terms) + [str(rhs_t)] * len(terms))
+        args = ", ".join([f"%x{i}: {elem}" for i in range(len(terms))] + [f"%w{i}: {elem}" for i in range(len(terms))])
+        name = t.fresh("conv")
+        t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{parallel}]}} "
+               f"ins({operands} : {types}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) {{\n"
+               f"^bb0({args}, %acc: {elem}):\n  " + "\n  ".join(body) + f"\n}} -> {op.result.type}")
+        return [name]
+    # iteration space: output dims d0..d{R-1}, then window dims, then the group's input features
+    lhs_map, rhs_map = maps([f"d{rank + s}" for s in range(n)], f"d{rank + n}")
     all_dims = ", ".join(f"d{i}" for i in range(rank + n + 1))
-    maps = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(rank)])]
+    indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(rank)])]
     iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * (n + 1))
     init = t(f"linalg.fill ins({zero} : {elem}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) -> {op.result.type}")
-    mul, add = ("arith.mulf", "arith.addf") if elem.startswith(("f", "bf")) else ("arith.muli", "arith.addi")
     name = t.fresh("conv")
-    t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{iterators}]}} "
+    t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{iterators}]}} "
            f"ins({padded}, %a1 : {padded_type}, {rhs_t}) outs({init} : {op.result.type}) {{\n"
            f"^bb0(%x: {elem}, %w: {elem}, %acc: {elem}):\n  %xw = {mul} %x, %w : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
            f"  linalg.yield %sum : {elem}\n}} -> {op.result.type}")

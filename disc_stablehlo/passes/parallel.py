@@ -23,6 +23,32 @@ PTR = "!llvm.ptr"
 FNPTR_STEM = "__disc_fnptr_"
 
 
+_VIEWS = ("memref.subview", "memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reinterpret_cast")
+
+
+def _sink_views(op: ir.Operation) -> None:
+    """Views of buffers the loop reads are rebuilt at the start of its body (views of views
+    too): the kernel then receives the buffers, and LLVM sees that views of one buffer are
+    the same memory at known offsets (a depthwise convolution reads its padded input through
+    one strided view per window position: each would be a pointer of its own, and the
+    vectorised loop would check each against the output for overlap)."""
+    body = op.regions[0].blocks[0]
+    while True:
+        views = [(inner, i, v) for inner in walk(op) for i, v in enumerate(inner.operands)
+                 if defined_outside(v, op) and not isinstance(v.owner, ir.Block) and operation(v.owner).name in _VIEWS]
+        if not views:
+            return
+        clones: dict[ir.Value, ir.Value] = {}
+        for inner, i, v in views:
+            if v not in clones:
+                with ir.InsertionPoint.at_block_begin(body):
+                    clones[v] = operation(v.owner).clone().result
+            inner.operands[i] = clones[v]
+        for v in clones:
+            if not list(v.uses):
+                operation(v.owner).erase()
+
+
 def _captured(op: ir.Operation) -> list[ir.Value] | None:
     found: list[ir.Value] = []
     for inner in walk(op):
@@ -242,6 +268,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     # layer, or every layer of a stack) reuses its code, generated and compiled once
     outlined: dict[str, str] = {}
     for op in loops:
+        _sink_views(op)
         captured = _captured(op)
         if captured is None:
             continue
