@@ -24,7 +24,7 @@ EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs be
 _HOISTABLE = ("arith.", "memref.alloc", "memref.dim", "memref.expand_shape", "memref.collapse_shape", "memref.cast",
               "memref.subview", "memref.reinterpret_cast", "memref.extract_strided_metadata", "memref.view",
               "affine.apply")
-_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview", "memref.reinterpret_cast",
+VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.subview", "memref.reinterpret_cast",
           "memref.reshape", "memref.view", "memref.transpose")
 FUSED_ATTR = "disc.fusion"  # on a fused loop: its fusion kind (read by the kernel descriptions)
 
@@ -101,7 +101,7 @@ def _same_bound(a: ir.Value, b: ir.Value) -> bool:
 
 
 def _root(v: ir.Value) -> ir.Value:
-    while not isinstance(v.owner, ir.Block) and operation(v.owner).name in _VIEWS:
+    while not isinstance(v.owner, ir.Block) and operation(v.owner).name in VIEWS:
         v = operation(v.owner).operands[0]
     return v
 
@@ -115,7 +115,7 @@ def _accesses(loop: ir.Operation) -> list[tuple[ir.Value, list[ir.Value], bool]]
             store = op.name == "memref.store"
             ref = op.operands[1] if store else op.operands[0]
             found.append((ref, list(op.operands)[2 if store else 1:], store))
-        elif op.name in ("memref.dim", "memref.extract_strided_metadata") or op.name in _VIEWS:
+        elif op.name in ("memref.dim", "memref.extract_strided_metadata") or op.name in VIEWS:
             continue
         elif any(isinstance(v.type, ir.MemRefType) for v in op.operands) or op.name.startswith(("func.call", "llvm.call")):
             return None

@@ -16,14 +16,11 @@ from torch_mlir import ir
 from ..artifact import Kernel
 from ..mlir_support import defined_outside, facts_relied_on, nested_in, new_private_function, operation, walk
 from .epilogues import gemm_callee, gemm_of
-from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, loop_bounds
+from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, VIEWS, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
 FNPTR_STEM = "__disc_fnptr_"
-
-
-_VIEWS = ("memref.subview", "memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reinterpret_cast")
 
 
 def _sink_views(op: ir.Operation) -> None:
@@ -35,7 +32,7 @@ def _sink_views(op: ir.Operation) -> None:
     body = op.regions[0].blocks[0]
     while True:
         views = [(inner, i, v) for inner in walk(op) for i, v in enumerate(inner.operands)
-                 if defined_outside(v, op) and not isinstance(v.owner, ir.Block) and operation(v.owner).name in _VIEWS]
+                 if defined_outside(v, op) and not isinstance(v.owner, ir.Block) and operation(v.owner).name in VIEWS]
         if not views:
             return
         clones: dict[ir.Value, ir.Value] = {}
