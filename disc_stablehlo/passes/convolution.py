@@ -110,21 +110,22 @@ def _convolution(op, t: Text, state):
     window = [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]
     out_f = f"d{dn.output_feature_dimension}"
 
-    def maps(win: list[str], feat: str) -> tuple[list[str], list[str]]:
+    def maps(win: list[str], feat: str, sliced: bool = False) -> tuple[list[str], list[str]]:
         """The input's and the kernel's indices at window position `win` and input feature `feat`
-        of the output feature's group (iteration dims or constants)."""
+        of the output feature's group (iteration dims or constants); `sliced`: the input is the
+        window position's strided slice, read at the output's spatial indices."""
         lhs_map, rhs_map = [""] * lhs_t.rank, [""] * rhs_t.rank
         lhs_map[dn.input_batch_dimension] = f"d{dn.output_batch_dimension}"
         lhs_map[dn.input_feature_dimension] = f"({out_f} floordiv {out_features // groups}) * {kernel_in} + {feat}" if groups > 1 else feat
         rhs_map[dn.kernel_input_feature_dimension] = feat
         rhs_map[dn.kernel_output_feature_dimension] = out_f
         for s in range(n):
-            lhs_map[dn.input_spatial_dimensions[s]] = f"d{dn.output_spatial_dimensions[s]} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
+            out_s = f"d{dn.output_spatial_dimensions[s]}"
+            lhs_map[dn.input_spatial_dimensions[s]] = out_s if sliced else f"{out_s} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
             rhs_map[dn.kernel_spatial_dimensions[s]] = f"{window[s] - 1} - {win[s]}" if reversal[s] else win[s]
         return lhs_map, rhs_map
     mul, add = ("arith.mulf", "arith.addf") if elem.startswith(("f", "bf")) else ("arith.muli", "arith.addi")
-    terms = [(w, f) for w in itertools.product(*map(range, window)) for f in range(kernel_in)]
-    if len(terms) <= UNROLL_MAX:
+    if _unrolled(op):
         # one elementwise generic summing the window's products: it fuses with its consumers, and
         # its loops are the output's (LLVM vectorises along the output's rows). Each window
         # position reads a strided slice of the padded input (a view) of the output's spatial
@@ -141,16 +142,10 @@ def _convolution(op, t: Text, state):
                 offsets[idim], steps[idim] = str(w[s] * rhs_dil[s]), str(strides[s])
             slices[w] = t(f"tensor.extract_slice {padded}[{', '.join(offsets)}] [{', '.join(sizes)}] [{', '.join(steps)}] "
                           f": {padded_type} to {slice_type}")
+        terms = [(w, f) for w in itertools.product(*map(range, window)) for f in range(kernel_in)]
         all_dims = ", ".join(f"d{i}" for i in range(rank))
-        indexing = []
-        for k in (0, 1):
-            for w, f in terms:
-                m = maps(list(map(str, w)), str(f))[k]
-                if k == 0:
-                    for s, (od, idim) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions)):
-                        m[idim] = f"d{od}"
-                indexing.append(f"affine_map<({all_dims}) -> ({', '.join(m)})>")
-        indexing.append(f"affine_map<({all_dims}) -> ({all_dims})>")
+        lhs_maps, rhs_maps = zip(*(maps(list(map(str, w)), str(f), sliced=True) for w, f in terms))
+        indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in [*lhs_maps, *rhs_maps, [f"d{i}" for i in range(rank)]]]
         body = [f"%p0 = {mul} %x0, %w0 : {elem}"]
         for i in range(1, len(terms)):
             body += [f"%q{i} = {mul} %x{i}, %w{i} : {elem}", f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}"]
