@@ -233,6 +233,12 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   if (have_blas) {
     CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
+    /* few rows with B not transposed (the runtime's own kernel where the CPU has AVX-512): rows,
+     * columns and k not multiples of its blocks, columns across panels, A either way round */
+    CHECK(gemm_matches(ctx, 37, 1100, 70, 70, 1, 1100, 1));
+    CHECK(gemm_matches(ctx, 64, 5, 3, 1, 64, 5, 1));
+    CHECK(gemm_matches(ctx, 1, 3000, 300, 300, 1, 3000, 1));
+    CHECK(gemm_matches(ctx, 9, 17, 33, 1, 9, 17, 1));
     CHECK(gemm_heads_match(ctx, 3, 40, 4, 16));       /* two batch levels, transposed views */
     CHECK(gemm_heads_match(ctx, 1, 5, 2, 3));         /* small: inline */
     CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40, 0));  /* row blocks, one per thread: after the product */

@@ -1,0 +1,14 @@
+#ifndef DISC_RAL_SMALL_GEMM_H
+#define DISC_RAL_SMALL_GEMM_H
+
+#include <stdint.h>
+
+/* C[m, n] = A[m, k] B[k, n] in single precision, A at strides (sa_m, sa_k), B's and C's rows
+ * contiguous (leading dims ldb, ldc); m, n, k > 0. Meant for few rows (see small_gemm.c). */
+typedef void (*ral_small_sgemm_fn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k,
+                                   const float *b, int64_t ldb, float *c, int64_t ldc);
+
+/* The kernel for this CPU, or NULL where there is none (no AVX-512: the BLAS does these too). */
+ral_small_sgemm_fn ral_small_sgemm_kernel(void);
+
+#endif
