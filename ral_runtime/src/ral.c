@@ -568,10 +568,11 @@ typedef struct {
 #define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
 #define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
 #define RAL_GEMM_COLS_ALIGN 16 /* column blocks start at multiples of this (a vector of floats) */
-/* products of at most this many rows with B not transposed go to the runtime's own kernel: MKL
+/* products of 2 to this many rows with B not transposed go to the runtime's own kernel: MKL
  * and OpenBLAS pack B first, which costs as much as the product when few rows use it (at 32 x
- * 768 x 3072 on two threads: 0.9 ms against MKL's 1.5; both equal near 128 rows, see
- * small_gemm.c) */
+ * 768 x 3072 on two threads: 1.0 ms against MKL's 1.5; both equal near 128 rows, see
+ * small_gemm.c). One row is a GEMV, which MKL streams faster (0.43 ms against 0.57 at 1 x 768
+ * x 3072). */
 #define RAL_SMALL_GEMM_ROWS 64
 #define RAL_EPILOGUE_TASKS_PER_THREAD 4
 
@@ -678,7 +679,7 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
-  g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m <= RAL_SMALL_GEMM_ROWS;
+  g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m >= 2 && g->m <= RAL_SMALL_GEMM_ROWS;
   int64_t start = now_ns();
   if (empty || g->k == 0) {
     size_t elem = g->is_double ? sizeof(double) : sizeof(float);
