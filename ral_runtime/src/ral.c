@@ -222,6 +222,7 @@ struct ral_runtime {
   sgemm_fn sgemm;
   dgemm_fn dgemm;
   ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS does every product */
+  int64_t l2_bytes;                /* one core's L2 cache */
 };
 
 struct ral_context {
@@ -269,6 +270,8 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (mkl_threading) mkl_threading(1 /* MKL_THREADING_SEQUENTIAL */);
   }
   rt->small_sgemm = ral_small_sgemm_kernel();
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  rt->l2_bytes = l2 > 0 ? l2 : 1 << 20;
   if (num_threads <= 0) { /* the cores this process may run on (a container's or taskset's share) */
     cpu_set_t allowed;
     num_threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -346,6 +349,17 @@ static int context_record(ral_context *ctx, void *ptr) {
   }
   ctx->buffers[ctx->num_buffers++] = ptr;
   return 1;
+}
+
+/* Whether `ptr` points into a buffer the context allocated (an intermediate of the call, not an
+ * argument or a parameter). */
+static int context_owns(const ral_context *ctx, const void *ptr) {
+  for (size_t i = 0; i < ctx->num_buffers; i++) {
+    const char *base = ctx->buffers[i];
+    const block_header *h = (const block_header *)(base - RAL_HEADER);
+    if ((const char *)ptr >= base && (const char *)ptr < base + h->used) return 1;
+  }
+  return 0;
 }
 
 int ral_context_take(ral_context *ctx, void *ptr) {
@@ -568,11 +582,13 @@ typedef struct {
 #define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
 #define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
 #define RAL_GEMM_COLS_ALIGN 16 /* column blocks start at multiples of this (a vector of floats) */
-/* products of 2 to this many rows with B not transposed go to the runtime's own kernel: MKL
- * and OpenBLAS pack B first, which costs as much as the product when few rows use it (at 32 x
- * 768 x 3072 on two threads: 1.0 ms against MKL's 1.5; both equal near 128 rows, see
- * small_gemm.c). One row is a GEMV, which MKL streams faster (0.43 ms against 0.57 at 1 x 768
- * x 3072). */
+/* Products of 2 to this many rows whose B is not transposed, is an input of the call (a weight:
+ * an argument or a parameter, not an intermediate the call wrote) and is larger than one core's
+ * L2 go to the runtime's own kernel. The BLAS packs B first, which costs about as much as the
+ * product when few rows use it and B comes from memory (at 32 x 768 x 3072 on two threads: 1.0
+ * ms against MKL's 1.5). Where B is in cache MKL's packed kernel is faster (an im2col patch
+ * matrix of 64 x 576 x 3136: 0.95 ms against 1.23), and one row is a GEMV MKL streams faster
+ * (0.43 ms against 0.57 at 1 x 768 x 3072). */
 #define RAL_SMALL_GEMM_ROWS 64
 #define RAL_EPILOGUE_TASKS_PER_THREAD 4
 
@@ -679,7 +695,8 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
-  g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m >= 2 && g->m <= RAL_SMALL_GEMM_ROWS;
+  g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m >= 2 && g->m <= RAL_SMALL_GEMM_ROWS &&
+             g->k * g->ldb * (int64_t)sizeof(float) > ctx->rt->l2_bytes && !context_owns(ctx, g->b);
   int64_t start = now_ns();
   if (empty || g->k == 0) {
     size_t elem = g->is_double ? sizeof(double) : sizeof(float);
