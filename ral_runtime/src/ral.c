@@ -270,7 +270,10 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (mkl_threading) mkl_threading(1 /* MKL_THREADING_SEQUENTIAL */);
   }
   rt->small_sgemm = ral_small_sgemm_kernel();
-  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  long l2 = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE /* glibc's; elsewhere the 1 MiB below */
+  l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
   rt->l2_bytes = l2 > 0 ? l2 : 1 << 20;
   if (num_threads <= 0) { /* the cores this process may run on (a container's or taskset's share) */
     cpu_set_t allowed;
@@ -595,20 +598,21 @@ typedef struct {
 static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   gemm_job *g = data;
   int64_t per_batch = g->row_tasks * g->col_tasks;
+  /* op(A)'s rows advance by lda when A is not transposed, by 1 when it is; k the other way */
+  int64_t a_row = g->ta == NO_TRANS ? g->lda : 1, a_k = g->ta == NO_TRANS ? 1 : g->lda;
   for (int64_t t = lo; t < hi; t++) {
     int64_t batch = t / per_batch, block = t % per_batch;
     int64_t row0 = (block / g->col_tasks) * g->rows_per_task, col0 = (block % g->col_tasks) * g->cols_per_task;
     int64_t rows = g->m - row0 < g->rows_per_task ? g->m - row0 : g->rows_per_task;
     int64_t cols = g->n - col0 < g->cols_per_task ? g->n - col0 : g->cols_per_task;
-    /* block of op(A): rows advance by lda when A is not transposed, by 1 when it is; columns of
-     * op(B) advance by 1 when B is not transposed, by ldb when it is */
+    /* columns of op(B) advance by 1 when B is not transposed, by ldb when it is */
     int64_t outer = batch / g->inner, in = batch % g->inner;
-    int64_t a_off = outer * g->sa_b + in * g->sa_i + row0 * (g->ta == NO_TRANS ? g->lda : 1);
+    int64_t a_off = outer * g->sa_b + in * g->sa_i + row0 * a_row;
     int64_t b_off = outer * g->sb_b + in * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
     int64_t c_off = outer * g->sc_b + in * g->sc_i + row0 * g->ldc + col0;
     if (g->small)
-      g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, g->ta == NO_TRANS ? g->lda : 1,
-                         g->ta == NO_TRANS ? 1 : g->lda, (const float *)g->b + b_off, g->ldb, (float *)g->c + c_off, g->ldc);
+      g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, (const float *)g->b + b_off, g->ldb,
+                         (float *)g->c + c_off, g->ldc);
     else if (g->is_double)
       g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
                    (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->ldc);

@@ -2,7 +2,7 @@
  *
  * BLAS libraries pack B into panels before multiplying; with few rows in A each element of B is
  * used only a few times, so packing it costs about as much as the product (MKL's sequential
- * SGEMM on 32 x 768 x 3072 runs at a third of the core's FMA rate). This kernel reads B straight
+ * SGEMM, measured on one core here: 58 GFLOP/s on 32 x 768 x 3072 from memory, 158 on 256 rows). This kernel reads B straight
  * from memory: a panel of NC columns at a time (C's panel stays in L2), within it KC rows at a
  * time (each row a stream the hardware prefetchers follow), and within those a block of NR
  * columns (small enough for L1), for which it keeps up to MR rows of C in registers while it
@@ -21,7 +21,7 @@
 #define MR 8               /* rows of C in registers: 8 x 3 accumulators, 3 of B, 1 of A */
 #define PREFETCH_ROWS 16   /* how far ahead in k the first row block prefetches B */
 
-/* C[0:ROWS, 0:NR] = (ACC ? C : 0) + A[0:ROWS, 0:kc] B[0:kc, 0:NR], columns under `mask` */
+/* C[0:ROWS, 0:NR] = (acc ? C : 0) + A[0:ROWS, 0:kc] B[0:kc, 0:NR], columns under `mask` */
 #define BLOCK(ROWS, PREFETCH)                                                                      \
   __attribute__((target("avx512f"))) static void block_##ROWS##_##PREFETCH(                       \
       int64_t kc, const float *a, int64_t sa_m, int64_t sa_k, const float *b, int64_t ldb, float *c, \
