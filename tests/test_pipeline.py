@@ -233,6 +233,24 @@ def test_vector_math_maps_to_libmvec_within_the_target_width():
     assert _libmvec_name("llvm.fabs.v16f32", 512) is None  # not a libm function
 
 
+def test_loops_vectorise_at_the_full_avx512_width(tmp_path):
+    """On an AVX-512 host the loop vectoriser uses 512-bit vectors (LLVM's tuning for these cores
+    prefers 256): a tanh loop calls libmvec's 16-lane tanhf."""
+    import jax
+    import jax.numpy as jnp
+
+    from disc_stablehlo import artifact
+    from disc_stablehlo.targets import host_target
+    from disc_stablehlo.targets.codegen import _libmvec
+
+    if host_target().vector_bits < 512 or _libmvec() is None:
+        pytest.skip("needs an AVX-512 host whose C library has libmvec")
+    f = disc.compile(jnp.tanh, jax.ShapeDtypeStruct((jax.export.symbolic_shape("n")[0],), jnp.float32))
+    f.save(tmp_path / "tanh.disc")
+    code = bytes(artifact.read(tmp_path / "tanh.disc").section("object"))
+    assert b"_ZGVeN16v_tanhf" in code and b"_ZGVdN8v_tanhf" not in code
+
+
 def test_stats_count_kernel_versions_and_library_calls():
     """Per kernel: calls, which version ran (thread pool, behind the GEMM's row blocks, or inline:
     chosen from the real sizes) and time; GEMM calls are counted too."""
@@ -384,6 +402,30 @@ def test_gemm_epilogues_run_behind_the_gemm(name, fn, shapes, fused, monkeypatch
         after = {k: f.stats()[behind[0].name][k] - before[behind[0].name][k] for k in ("calls", "fused")}
         # behind the blocks only with at least 4 whole-row tasks per thread: the 16 score matrices
         assert after == {"calls": 3, "fused": 1 if name == "attention" else 0}
+
+
+def test_broadcast_bias_does_not_stop_fusion_across_a_reshape():
+    """[b*s, n] = x @ w + bias, viewed as [b, s, n], then GELU-tanh: the bias is read through a
+    unit dim ([1, n] at index 0), which upstream fusion cannot move a reshape across until unit
+    dims fold; then bias and GELU are one loop, run behind the GEMM."""
+    import jax
+
+    from conftest import specs_for
+
+    def fn(x, w, bias):
+        b, s, k = x.shape
+        y = (x.reshape(b * s, k) @ w + bias).reshape(b, s, w.shape[1])
+        return jax.nn.gelu(y, approximate=True)
+
+    shapes = [(("b", "s", 16), np.float32), ((16, 40), np.float32), ((40,), np.float32)]
+    f = disc.compile(fn, *specs_for(shapes, "b, s"))
+    [kernel] = f.kernels
+    assert kernel.epilogue_of == "disc_ral_gemm_f32" and {"arith.addf", "math.tanh"} <= set(kernel.ops), kernel
+    rng = np.random.default_rng(0)
+    w, bias = rng.standard_normal((16, 40), dtype=np.float32), rng.standard_normal(40, dtype=np.float32)
+    for b, s in [(1, 1), (2, 9), (5, 31)]:
+        x = rng.standard_normal((b, s, 16), dtype=np.float32)
+        np.testing.assert_allclose(f(x, w, bias), fn(x, w, bias), rtol=2e-5, atol=2e-5)
 
 
 def test_column_reductions_get_a_column_schedule_chosen_at_run_time():

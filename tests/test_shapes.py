@@ -44,6 +44,19 @@ def test_symbolic_arithmetic_normalises():
     assert parse_constraint("mod(s, 8) == 0")[1] == "=="
 
 
+def test_equal_products_cancel_a_common_constant():
+    """768*x == 768*b*s (a reshape's element count) makes x the dim b*s; a variable factor does
+    not cancel (b*x == b*s holds for any x when b is 0)."""
+    from disc_stablehlo.bounded_dynamism.analysis import ShapeFacts
+
+    b, s, x, y = (Dim.var(n) for n in ("b", "s", "#x", "#y"))
+    facts = ShapeFacts()
+    facts.union(x * 768, b * s * 768, "reshape")
+    assert facts.equal(x, b * s) and facts.canon(x * 2 + 1) == b * s * 2 + 1
+    facts.union(y * b, s * b, "reshape")
+    assert not facts.equal(y, s) and facts.facts[-1].text == "#y*b == b*s"
+
+
 # programs whose result dims the analysis must express over b and s
 PROGRAMS = [
     ("elementwise", lambda x: jnp.tanh(x) * 2, [(("b", "s"), np.float32)]),

@@ -253,3 +253,26 @@ def test_python_scalars_fold_into_the_kernels():
     assert [k.kind for k in compiled.kernels] == ["stitch fusion"], compiled.kernels
     x = torch.randn(3, 5, 8) - 4
     torch.testing.assert_close(compiled(x), Clamped()(x))
+
+
+def test_flattened_projection_keeps_its_activation_behind_the_gemm():
+    """GPT-2's Conv1D: `x.view(-1, k)`, addmm, `view(*size_out)`, then GELU-tanh. torch-mlir
+    computes the flattened dim as numel / k through a loop the analysis cannot read, so the
+    reshape's element count says k * flat == k * b * s; the common factor cancels, the view back
+    is a proven expand, and bias and GELU are one epilogue of the GEMM."""
+    class Conv1D(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = torch.nn.Parameter(torch.randn(16, 48)), torch.nn.Parameter(torch.randn(48))
+
+        def forward(self, x):
+            y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return torch.nn.functional.gelu(y.view(x.size()[:-1] + (48,)), approximate="tanh")
+
+    model = Conv1D().eval()
+    compiled = disc.compile(model, (torch.randn(2, 5, 16),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
+    [kernel] = compiled.kernels
+    assert kernel.epilogue_of == "disc_ral_gemm_f32" and {"arith.addf", "math.tanh"} <= set(kernel.ops), kernel
+    for b, s in [(1, 1), (3, 7), (4, 33)]:
+        x = torch.randn(b, s, 16)
+        torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Callable
 
 from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
@@ -59,6 +60,10 @@ class ShapeFacts:
         a, b = self.canon(a), self.canon(b)
         if a == b:
             return
+        # a common constant factor cancels (768*x == 768*b*s: x == b*s)
+        common = math.gcd(*a.terms.values(), *b.terms.values())
+        if common > 1:
+            a, b = a.floordiv(common), b.floordiv(common)
         # replace a variable by the other side: constants, then the arguments' dimension
         # variables (fresh symbols of intermediates have a '#'), then older names win
         for var_side, other in ((a, b), (b, a)):
@@ -384,9 +389,7 @@ def _dims_from_shape_operand(w: _Walker, op: ir.Operation):
     shape = op.operands[1] if op.name == "stablehlo.dynamic_reshape" else op.operands[0]
     out = _shape_from_content(w, op, shape)
     if out is not None and op.name == "stablehlo.dynamic_reshape":
-        before, after = (w.facts.canon(_product(dims)) for dims in (w.of(op.operands[0]), out))
-        if before != after:
-            w.facts.facts.append(Fact(f"{before} == {after}", "dynamic_reshape keeps the element count"))
+        w.facts.union(_product(w.of(op.operands[0])), _product(out), "dynamic_reshape keeps the element count")
         src = w.of(op.operands[0])
         groups = _reassociation(w.facts, src, out)
         if groups is not None:

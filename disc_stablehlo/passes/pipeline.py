@@ -45,7 +45,7 @@ SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-cons
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 # dims of op results are rewritten in terms of the operands' dims, so equal dims end up as one SSA value
-FUSE = ("canonicalize, cse, linalg-fuse-elementwise-ops, resolve-ranked-shaped-type-result-dims, canonicalize, cse")
+FUSE = ("canonicalize, cse, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, resolve-ranked-shaped-type-result-dims, canonicalize, cse")
 # arith on whole tensors (shape vectors cast to i32) becomes linalg: bufferized as is, an index_cast of a
 # tensor would reinterpret the buffer instead of converting each element
 TO_LINALG = f"stablehlo-legalize-to-linalg, func.func(convert-elementwise-to-linalg), {FUSE}"

@@ -22,7 +22,12 @@ def host_target() -> Target:
     llvm.initialize_native_asmprinter()
     features = llvm.get_host_cpu_features()
     vector_bits = 512 if features.get("avx512f") else 256 if features.get("avx2") else 128
-    return Target("x86", llvm.get_process_triple(), llvm.get_host_cpu_name(), features.flatten(), vector_bits)
+    flat = features.flatten()
+    if vector_bits == 512:
+        # LLVM's tuning for AVX-512 cores keeps the loop vectoriser at 256 bits; 512 ran libmvec's
+        # tanh twice as fast and GELU-tanh 2.3x, exp and softmax 1.3x, copies alike (6.3M f32)
+        flat += ",-prefer-256-bit"
+    return Target("x86", llvm.get_process_triple(), llvm.get_host_cpu_name(), flat, vector_bits)
 
 
 TARGETS = {"x86": host_target}
