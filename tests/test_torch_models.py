@@ -276,3 +276,31 @@ def test_flattened_projection_keeps_its_activation_behind_the_gemm():
     for b, s in [(1, 1), (3, 7), (4, 33)]:
         x = torch.randn(b, s, 16)
         torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_positions_from_arange_need_no_run_time_broadcast_checks():
+    """torch-mlir sizes `arange(s)` as ceil(s / 1.0) in f64, slices with bounds from dense
+    constants, and builds `view(b, s, -1, 8)` from a shape whose -1 it computes in a loop: the
+    analysis reads all three, so rotating q by cos/sin of the positions needs no broadcast
+    check (and no speculative kernel version) at run time."""
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.proj(x).view(b, s, -1, 8).transpose(1, 2)
+            angles = torch.arange(s, dtype=torch.float32)[:, None] * torch.arange(1, 9, dtype=torch.float32)
+            cos, sin = angles.cos()[None, None], angles.sin()[None, None]
+            rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+            return q * cos + rotated * sin
+
+    model = Rotary().eval()
+    compiled = disc.compile(model, (torch.randn(2, 5, 32),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
+    report = compiled.shape_report()
+    assert "checked at run time [" in report and "checked at run time [0" not in report, report
+    assert not any("general" in k.version for k in compiled.kernels), compiled.kernels
+    for b, s in [(1, 1), (3, 7), (2, 20)]:
+        x = torch.randn(b, s, 32)
+        torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)

@@ -184,6 +184,7 @@ class _Walker:
         self.facts = facts
         self.dims: dict[ir.Value, list[Dim]] = {}
         self.content: dict[ir.Value, list[Dim]] = {}
+        self.quotients: dict[ir.Value, list[tuple[Dim, int]]] = {}  # float values a / k that are not whole
         self.fresh = itertools.count()
         self.values: list[tuple[str, str, list[Dim]]] = []
         self.broadcasts: list[BroadcastDecision] = []
@@ -234,25 +235,42 @@ _ARITH = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b
 def _elementwise(w: _Walker, op: ir.Operation):
     dims = _same_shape(w, list(op.operands), f"{op.name} operands")
     contents = [w.content.get(v) for v in op.operands]
-    if op.name in ("stablehlo.convert",) and contents[0] is not None:
+    if op.name in ("stablehlo.convert", "stablehlo.ceil", "stablehlo.floor") and contents[0] is not None:
         w.content[op.result] = contents[0]
     elif op.name in _ARITH and all(c is not None for c in contents) and len({len(c) for c in contents}) == 1:
         w.content[op.result] = [_ARITH[op.name](a, b) for a, b in zip(*contents)]
-    elif op.name == "stablehlo.divide" and all(c is not None for c in contents):
-        if all(b.constant for b in contents[1]):
-            w.content[op.result] = [a.floordiv(b.constant) for a, b in zip(*contents)]
+    elif op.name == "stablehlo.divide" and all(c is not None for c in contents) and all(b.constant for b in contents[1]):
+        pairs = [(a, b.constant) for a, b in zip(*contents)]
+        if isinstance(ir.RankedTensorType(op.result.type).element_type, ir.IntegerType):  # truncates: floor for sizes
+            w.content[op.result] = [a.floordiv(k) for a, k in pairs]
+        elif all(c % k == 0 for a, k in pairs for c in a.terms.values()):
+            w.content[op.result] = [a.floordiv(k) for a, k in pairs]
+        elif all(k > 0 for _, k in pairs):
+            w.quotients[op.result] = pairs
+    elif op.name in ("stablehlo.ceil", "stablehlo.floor") and op.operands[0] in w.quotients:
+        # torch's arange(start, end, step) has ceil((end - start) / step) elements, computed in f64
+        up = op.name == "stablehlo.ceil"
+        w.content[op.result] = [(a + (k - 1 if up else 0)).floordiv(k) for a, k in w.quotients[op.operands[0]]]
     return [dims] if dims or not op.results[0].type.rank else None
 
 
-@_rule("stablehlo.constant")
+@_rule("stablehlo.constant", "arith.constant")
 def _constant(w: _Walker, op: ir.Operation):
+    """Integer scalars and small integer (or whole-number float) tensors: their values."""
     t = op.result.type
-    n = 1
-    for size in t.shape:
-        n *= size
-    if isinstance(t.element_type, ir.IntegerType) and t.rank <= 2 and t.has_static_shape and n <= 16:
-        attr = ir.DenseIntElementsAttr(op.attributes["value"])  # contents are kept flat, row-major
+    if isinstance(t, (ir.IndexType, ir.IntegerType)):
+        w.content[op.result] = [Dim.const(ir.IntegerAttr(op.attributes["value"]).value)]
+        return None
+    if (not isinstance(t, ir.RankedTensorType) or t.rank > 2 or not t.has_static_shape or math.prod(t.shape) > 16
+            or not isinstance(t.element_type, (ir.IntegerType, ir.F32Type, ir.F64Type))):
+        return None
+    n, attr = math.prod(t.shape), op.attributes["value"]
+    if isinstance(attr, ir.DenseIntElementsAttr):  # contents are kept flat, row-major
         w.content[op.result] = [Dim.const(int(attr[0] if attr.is_splat else attr[i])) for i in range(n)]
+    elif isinstance(attr, ir.DenseFPElementsAttr):  # whole numbers only (size arithmetic in floats)
+        values = [attr[0] if attr.is_splat else attr[i] for i in range(n)]
+        if all(math.isfinite(v) and v == int(v) for v in values):
+            w.content[op.result] = [Dim.const(int(v)) for v in values]
     return None
 
 
@@ -272,16 +290,12 @@ def _tensor_dim(w: _Walker, op: ir.Operation):
 
 @_rule("tensor.from_elements")
 def _from_elements(w: _Walker, op: ir.Operation):
+    """A shape vector; an element the analysis cannot read is a fresh symbol, so the others still
+    count (torch-mlir's `view(b, s, -1, 64)` computes the -1 from a loop over the dims, and the
+    result type has it static anyway)."""
     contents = [w.content.get(v) for v in op.operands]
-    if all(c is not None for c in contents):
-        w.content[op.result] = [d for c in contents for d in c]
-    return None
-
-
-@_rule("arith.constant")
-def _arith_constant(w: _Walker, op: ir.Operation):
-    if isinstance(op.result.type, (ir.IndexType, ir.IntegerType)):
-        w.content[op.result] = [Dim.const(ir.IntegerAttr(op.attributes["value"]).value)]
+    if any(c is not None for c in contents):
+        w.content[op.result] = [d for c in contents for d in (c or [Dim.var(f"element#{next(w.fresh)}")])]
     return None
 
 
