@@ -428,6 +428,34 @@ def test_broadcast_bias_does_not_stop_fusion_across_a_reshape():
         np.testing.assert_allclose(f(x, w, bias), fn(x, w, bias), rtol=2e-5, atol=2e-5)
 
 
+def test_gather_by_iota_indices_is_a_plain_read():
+    """`mask[arange(b)[:, None], arange(s)]` (how transformers' vmap'd masks read the padding
+    mask) is a gather whose start indices are iotas: the analysis proves them in bounds, so the
+    gather reads mask[b, j] directly, without loading or clamping indices, and fuses into the
+    softmax as one kernel. Reversed indices stay a general gather; both match jax.jit."""
+    import jax
+    import jax.numpy as jnp
+
+    from conftest import specs_for
+
+    def masked_softmax(scores, mask, reverse=False):
+        b, s = mask.shape
+        j = jnp.arange(s)[::-1] if reverse else jnp.arange(s)
+        m = mask[jnp.broadcast_to(jnp.arange(b)[:, None], (b, s)), jnp.broadcast_to(j[None, :], (b, s))]
+        return jax.nn.softmax(jnp.where(m[:, None, None, :], scores, -1e9), axis=-1)
+
+    shapes = [(("b", 2, "s", "s"), np.float32), (("b", "s"), np.bool_)]
+    plain = disc.compile(masked_softmax, *specs_for(shapes, "b, s"))
+    assert {k.kind for k in plain.kernels} == {"stitch fusion"}, plain.kernels
+    assert not any({"arith.extsi", "arith.addi"} & set(k.ops) for k in plain.kernels), plain.kernels
+    general = disc.compile(lambda x, m: masked_softmax(x, m, reverse=True), *specs_for(shapes, "b, s"))
+    rng = np.random.default_rng(0)
+    for b, s in [(1, 1), (2, 5), (3, 17)]:
+        x, m = rng.standard_normal((b, 2, s, s), dtype=np.float32), rng.random((b, s)) > 0.3
+        np.testing.assert_allclose(plain(x, m), masked_softmax(x, m), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(general(x, m), masked_softmax(x, m, reverse=True), rtol=1e-5, atol=1e-6)
+
+
 def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
     """A reduction over a non-innermost dim runs, when the innermost extent is at least a vector,
     as blocks of columns with the reduction loop outside a contiguous loop (the "column"

@@ -536,7 +536,91 @@ def _gather(w: _Walker, op: ir.Operation):
     window = iter([sizes[i] for i in range(len(sizes)) if i not in skipped])
     batch = iter([d for i, d in enumerate(indices) if i != dn.index_vector_dim])
     rank = op.results[0].type.rank
+    if op.name == "stablehlo.gather" and (at := _iota_start_indices(w, op, dn)) is not None:
+        op.attributes[IOTA_INDICES_ATTR] = ir.DenseI64ArrayAttr.get(at)
     return [_keep_static(op, [next(window) if d in offset_dims else next(batch) for d in range(rank)])]
+
+
+IOTA_INDICES_ATTR = "disc.iota_indices"  # on a gather: start index k is the result index along dim [k], in bounds
+
+
+def _iota_start_indices(w: _Walker, op: ir.Operation, dn) -> list[int] | None:
+    """For a gather whose start indices are iotas (transformers' vmap'd masks read
+    `attention_mask[b, j]` this way), the result dim each start index equals; None unless every
+    index is one whose extent equals the operand dim it indexes (so no clamp applies)."""
+    indices, ivd = op.operands[1], dn.index_vector_dim
+    start_map, sizes = list(dn.start_index_map), int_list(op, "slice_sizes")
+    idx_rank = ir.RankedTensorType(indices.type).rank
+    if list(dn.operand_batching_dims) or any(sizes[d] != 1 for d in start_map):
+        return None
+    owner = None if isinstance(indices.owner, ir.Block) else operation(indices.owner)
+    if ivd == idx_rank or ir.RankedTensorType(indices.type).shape[ivd] == 1 == len(start_map):
+        parts = [indices]
+    elif (owner is not None and owner.name == "stablehlo.concatenate" and ir.IntegerAttr(owner.attributes["dimension"]).value == ivd
+          and len(owner.operands) == len(start_map) and all(ir.RankedTensorType(v.type).shape[ivd] == 1 for v in owner.operands)):
+        parts = list(owner.operands)
+    else:
+        return None
+    offset_dims = list(dn.offset_dims)
+    batch_out = [d for d in range(ir.RankedTensorType(op.result.type).rank) if d not in offset_dims]
+    idx_dims = [d for d in range(idx_rank) if d != ivd]
+    result_dims = []
+    for k, part in enumerate(parts):
+        e = _iota_dim(w, part)
+        if e is None or e == ivd or not w.facts.equal(w.of(part)[e], w.of(op.operands[0])[start_map[k]]):
+            return None
+        result_dims.append(batch_out[idx_dims.index(e)])
+    return result_dims
+
+
+def _iota_dim(w: _Walker, v: ir.Value, depth: int = 0) -> int | None:
+    """The dim d when v[i] == i[d] everywhere: an iota seen through integer converts, + 0, * 1,
+    reshapes that add or drop unit dims and broadcasts that do not expand it."""
+    if isinstance(v.owner, ir.Block) or depth > 16:
+        return None
+    op = operation(v.owner)
+    if op.name in ("stablehlo.iota", "stablehlo.dynamic_iota"):
+        return ir.IntegerAttr(op.attributes["iota_dimension"]).value
+    if op.name == "stablehlo.convert":
+        ints = all(isinstance(ir.RankedTensorType(x.type).element_type, ir.IntegerType) for x in (op.operands[0], op.result))
+        return _iota_dim(w, op.operands[0], depth + 1) if ints else None
+    if op.name == "stablehlo.select":  # JAX wraps negative indices: i < 0 ? i + n : i, and an iota is never negative
+        d = _iota_dim(w, op.operands[2], depth + 1)
+        test = None if isinstance(op.operands[0].owner, ir.Block) else operation(op.operands[0].owner)
+        if (d is None or test is None or test.name != "stablehlo.compare" or "LT" not in str(test.attributes["comparison_direction"])
+                or _iota_dim(w, test.operands[0], depth + 1) != d or _splat(test.operands[1]) != 0):
+            return None
+        return d
+    if op.name in ("stablehlo.add", "stablehlo.multiply"):
+        neutral = 0 if op.name == "stablehlo.add" else 1
+        for x, y in ((0, 1), (1, 0)):
+            if _splat(op.operands[y]) == neutral:
+                return _iota_dim(w, op.operands[x], depth + 1)
+        return None
+    d = _iota_dim(w, op.operands[0], depth + 1) if op.operands else None
+    if d is None:
+        return None
+    src, dst = w.of(op.operands[0]), w.of(op.result)
+    if op.name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):
+        keep_src = [i for i, x in enumerate(src) if not w.facts.equal(x, Dim.const(1))]
+        keep_dst = [i for i, x in enumerate(dst) if not w.facts.equal(x, Dim.const(1))]
+        if d not in keep_src or len(keep_src) != len(keep_dst) or not all(w.facts.equal(src[i], dst[j]) for i, j in zip(keep_src, keep_dst)):
+            return None
+        return keep_dst[keep_src.index(d)]
+    if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        bdims = int_list(op, "broadcast_dimensions")
+        return bdims[d] if w.facts.equal(src[d], dst[bdims[d]]) else None
+    return None
+
+
+def _splat(v: ir.Value) -> int | None:
+    """The value of an integer constant tensor with one value (seen through broadcasts)."""
+    while not isinstance(v.owner, ir.Block) and operation(v.owner).name in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        v = operation(v.owner).operands[0]
+    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "stablehlo.constant":
+        return None
+    attr = operation(v.owner).attributes["value"]
+    return int(attr[0]) if isinstance(attr, ir.DenseIntElementsAttr) and attr.is_splat else None
 
 
 @_rule("stablehlo.reduce_window")

@@ -11,7 +11,7 @@ import math
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from ..bounded_dynamism.analysis import REASSOCIATION_ATTR
+from ..bounded_dynamism.analysis import IOTA_INDICES_ATTR, REASSOCIATION_ATTR
 from ..mlir_support import int_list
 from .lower import LoweringState, Text, register_rewrite, register_template
 
@@ -345,7 +345,11 @@ def _gather(op, t: Text, state):
 
     body, full = [], [t.const(0)] * op_rank
     start = [None] * op_rank
+    iota = list(ir.DenseI64ArrayAttr(op.attributes[IOTA_INDICES_ATTR])) if IOTA_INDICES_ATTR in op.attributes else None
     for k, od in enumerate(start_map):
+        if iota is not None:  # the start index is the result index: no load, no clamp (the analysis proved it in bounds)
+            start[od] = f"%i{iota[k]}"
+            continue
         pos = [batch_index(d) if d != ivd else t.const(k) for d in range(idx_rank)]
         if ivd == idx_rank:
             pos = [batch_index(d) for d in range(idx_rank)]
