@@ -575,7 +575,8 @@ def _iota_start_indices(w: _Walker, op: ir.Operation, dn) -> list[int] | None:
 
 def _iota_dim(w: _Walker, v: ir.Value, depth: int = 0) -> int | None:
     """The dim d when v[i] == i[d] everywhere: an iota seen through integer converts, + 0, * 1,
-    reshapes that add or drop unit dims and broadcasts that do not expand it."""
+    JAX's wrap of negative indices, reshapes that add or drop unit dims and broadcasts that do not
+    expand it."""
     if isinstance(v.owner, ir.Block) or depth > 16:
         return None
     op = operation(v.owner)
