@@ -241,9 +241,9 @@ def _elementwise(w: _Walker, op: ir.Operation):
         w.content[op.result] = [_ARITH[op.name](a, b) for a, b in zip(*contents)]
     elif op.name == "stablehlo.divide" and all(c is not None for c in contents) and all(b.constant for b in contents[1]):
         pairs = [(a, b.constant) for a, b in zip(*contents)]
-        if isinstance(ir.RankedTensorType(op.result.type).element_type, ir.IntegerType):  # truncates: floor for sizes
-            w.content[op.result] = [a.floordiv(k) for a, k in pairs]
-        elif all(c % k == 0 for a, k in pairs for c in a.terms.values()):
+        # integers truncate (floor, for sizes); floats divide exactly, so only whole quotients are content
+        if (isinstance(ir.RankedTensorType(op.result.type).element_type, ir.IntegerType)
+                or all(c % k == 0 for a, k in pairs for c in a.terms.values())):
             w.content[op.result] = [a.floordiv(k) for a, k in pairs]
         elif all(k > 0 for _, k in pairs):
             w.quotients[op.result] = pairs
@@ -564,12 +564,16 @@ def _iota_start_indices(w: _Walker, op: ir.Operation, dn) -> list[int] | None:
     offset_dims = list(dn.offset_dims)
     batch_out = [d for d in range(ir.RankedTensorType(op.result.type).rank) if d not in offset_dims]
     idx_dims = [d for d in range(idx_rank) if d != ivd]
-    result_dims = []
+    result_dims, reasons = [], []
     for k, part in enumerate(parts):
         e = _iota_dim(w, part)
-        if e is None or e == ivd or not w.facts.equal(w.of(part)[e], w.of(op.operands[0])[start_map[k]]):
+        extent, dim = (w.of(part)[e], w.of(op.operands[0])[start_map[k]]) if e is not None else (None, None)
+        if e is None or e == ivd or not w.facts.equal(extent, dim):
             return None
         result_dims.append(batch_out[idx_dims.index(e)])
+        if extent != dim:
+            reasons.append(f"{extent} == {dim}")
+    _relies_on(op, reasons)  # the indices are read unclamped: the equalities are the gather's contract
     return result_dims
 
 
@@ -589,39 +593,38 @@ def _iota_dim(w: _Walker, v: ir.Value, depth: int = 0) -> int | None:
         d = _iota_dim(w, op.operands[2], depth + 1)
         test = None if isinstance(op.operands[0].owner, ir.Block) else operation(op.operands[0].owner)
         if (d is None or test is None or test.name != "stablehlo.compare" or "LT" not in str(test.attributes["comparison_direction"])
-                or _iota_dim(w, test.operands[0], depth + 1) != d or _splat(test.operands[1]) != 0):
+                or _iota_dim(w, test.operands[0], depth + 1) != d or _splat(w, test.operands[1]) != 0):
             return None
         return d
     if op.name in ("stablehlo.add", "stablehlo.multiply"):
         neutral = 0 if op.name == "stablehlo.add" else 1
         for x, y in ((0, 1), (1, 0)):
-            if _splat(op.operands[y]) == neutral:
+            if _splat(w, op.operands[y]) == neutral:
                 return _iota_dim(w, op.operands[x], depth + 1)
         return None
-    d = _iota_dim(w, op.operands[0], depth + 1) if op.operands else None
+    reshape = op.name in ("stablehlo.reshape", "stablehlo.dynamic_reshape")
+    if not reshape and op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        return None
+    d = _iota_dim(w, op.operands[0], depth + 1)
     if d is None:
         return None
     src, dst = w.of(op.operands[0]), w.of(op.result)
-    if op.name in ("stablehlo.reshape", "stablehlo.dynamic_reshape"):
+    if reshape:
         keep_src = [i for i, x in enumerate(src) if not w.facts.equal(x, Dim.const(1))]
         keep_dst = [i for i, x in enumerate(dst) if not w.facts.equal(x, Dim.const(1))]
         if d not in keep_src or len(keep_src) != len(keep_dst) or not all(w.facts.equal(src[i], dst[j]) for i, j in zip(keep_src, keep_dst)):
             return None
         return keep_dst[keep_src.index(d)]
-    if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
-        bdims = int_list(op, "broadcast_dimensions")
-        return bdims[d] if w.facts.equal(src[d], dst[bdims[d]]) else None
-    return None
+    bdims = int_list(op, "broadcast_dimensions")
+    return bdims[d] if w.facts.equal(src[d], dst[bdims[d]]) else None
 
 
-def _splat(v: ir.Value) -> int | None:
-    """The value of an integer constant tensor with one value (seen through broadcasts)."""
+def _splat(w: _Walker, v: ir.Value) -> int | None:
+    """The one value of a tensor whose content is a single known number (seen through broadcasts)."""
     while not isinstance(v.owner, ir.Block) and operation(v.owner).name in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
         v = operation(v.owner).operands[0]
-    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "stablehlo.constant":
-        return None
-    attr = operation(v.owner).attributes["value"]
-    return int(attr[0]) if isinstance(attr, ir.DenseIntElementsAttr) and attr.is_splat else None
+    c = w.content.get(v)
+    return c[0].constant if c and all(x == c[0] for x in c) else None
 
 
 @_rule("stablehlo.reduce_window")
