@@ -11,7 +11,8 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import REASSOCIATION_ATTR
-from ..mlir_support import int_list, walk
+from ..mlir_support import create_value, index_constant, int_list, walk
+from ..ops import ELEMENTWISE
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
@@ -140,7 +141,7 @@ def _fold_transpose(op: ir.Operation, side: int, batch: list[int], contracting: 
     """A transposed operand is read through the transpose (the GEMM takes any strides): the dims
     map back to the transpose's input, when its free dims keep their order (they order the
     result's dims). Returns the operand's batch and contracting dims after the fold."""
-    v = op.operands[side]
+    v = _through_same_dims(op.operands[side])
     if isinstance(v.owner, ir.Block) or v.owner.name != "stablehlo.transpose":
         return batch, contracting
     perm = list(ir.DenseI64ArrayAttr(v.owner.attributes["permutation"]))
@@ -154,10 +155,108 @@ def _fold_transpose(op: ir.Operation, side: int, batch: list[int], contracting: 
 def _same_dims(op: ir.Operation) -> bool:
     """A broadcast that maps every dim onto itself and expands none, or a reshape the analysis
     proved to keep every dim: its result is its operand."""
-    rank = ir.RankedTensorType(op.result.type).rank
     if op.name == "stablehlo.dynamic_reshape":
-        return REASSOCIATION_ATTR in op.attributes and ir.RankedTensorType(op.operands[0].type).rank == rank
-    return _broadcast_source_dims(op) == list(range(rank))
+        return (REASSOCIATION_ATTR in op.attributes
+                and ir.RankedTensorType(op.operands[0].type).rank == ir.RankedTensorType(op.result.type).rank)
+    dims = _broadcast_source_dims(op)
+    return dims is not None and dims == list(range(len(dims))) and len(dims) == ir.RankedTensorType(op.result.type).rank
+
+
+def _through_same_dims(v: ir.Value) -> ir.Value:
+    """`v` before the broadcasts and reshapes that keep every dim (`_same_dims`)."""
+    import os
+    while os.environ.get("DISC_EXP", "1") == "1" and not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
+        v = v.owner.operands[0]
+    return v
+
+
+def _is_scalar(v: ir.Value) -> bool:
+    """A rank-0 value, a broadcast of one or a splat constant."""
+    if ir.RankedTensorType(v.type).rank == 0:
+        return True
+    op = v.owner
+    if isinstance(op, ir.Block):
+        return False
+    if op.name in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        return ir.RankedTensorType(op.operands[0].type).rank == 0
+    return op.name == "stablehlo.constant" and _splat(op) is not None
+
+
+def _splat(constant: ir.Operation) -> ir.Attribute | None:
+    """The value of a splat constant's elements; None when its elements differ (or live in a
+    resource)."""
+    attr = constant.attributes["value"]
+    return ir.DenseElementsAttr(attr).get_splat_value() if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat else None
+
+
+def _scalar_like(v: ir.Value, like: ir.Value) -> ir.Value:
+    """A scalar operand (`_is_scalar`) for an op on `like` instead: the same rank-0 value, or
+    its value broadcast to `like`'s shape."""
+    if ir.RankedTensorType(v.type).rank == 0:
+        return v
+    like_t = ir.RankedTensorType(like.type)
+    elem = ir.RankedTensorType(v.type).element_type
+    if v.owner.name == "stablehlo.constant":
+        splat = _splat(v.owner)
+        if like_t.has_static_shape:
+            return create_value("stablehlo.constant", [], ir.RankedTensorType.get(like_t.shape, elem),
+                                value=ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get(like_t.shape, elem), splat))
+        scalar_t = ir.RankedTensorType.get([], elem)
+        scalar = create_value("stablehlo.constant", [], scalar_t, value=ir.DenseElementsAttr.get_splat(scalar_t, splat))
+    else:
+        scalar = v.owner.operands[0]
+    out, dims = ir.RankedTensorType.get(like_t.shape, elem), ir.DenseI64ArrayAttr.get([])
+    if like_t.has_static_shape:
+        return create_value("stablehlo.broadcast_in_dim", [scalar], out, broadcast_dimensions=dims)
+    sizes = [create_value("tensor.dim", [like, index_constant(i)], ir.IndexType.get()) for i in range(like_t.rank)]
+    shape = create_value("tensor.from_elements", sizes, ir.RankedTensorType.get([like_t.rank], ir.IndexType.get()))
+    return create_value("stablehlo.dynamic_broadcast_in_dim", [scalar, shape], out, broadcast_dimensions=dims)
+
+
+def _scalar_op_of_transpose(op: ir.Operation) -> tuple[int, list[ir.Operation]] | None:
+    """For an elementwise op on scalars and one tensor that is a transpose used there alone
+    (through broadcasts and reshapes that keep every dim): that operand's position, and the ops
+    from the operand back to the transpose."""
+    name = op.name.removeprefix("stablehlo.")
+    if name not in ELEMENTWISE or name == "bitcast_convert":
+        return None
+    tensors = [i for i, v in enumerate(op.operands) if not _is_scalar(v)]
+    if len(tensors) != 1:
+        return None
+    chain, v = [], op.operands[tensors[0]]
+    while not isinstance(v.owner, ir.Block) and len(list(v.uses)) == 1:
+        chain.append(v.owner)
+        if v.owner.name == "stablehlo.transpose":
+            return tensors[0], chain
+        if not _same_dims(v.owner):
+            return None
+        v = v.owner.operands[0]
+    return None
+
+
+def transposes_below_scalar_ops(module: ir.Module) -> None:
+    """An elementwise op on one transposed tensor and scalars runs before the transpose instead:
+    op(transpose(x), c) is transpose(op(x, c)). The op then fuses with what makes x (a GEMM's
+    epilogue), and a GEMM reading the result reads through the transpose (`_fold_transpose`)
+    with no copy: attention's queries scaled after the heads' transpose. A chain of such ops
+    moves its transpose to its end, one op at a time."""
+    import os
+    while os.environ.get("DISC_EXP", "1") == "1":
+        found = next(((op, m) for op in walk(module.operation) if (m := _scalar_op_of_transpose(op))), None)
+        if found is None:
+            return
+        op, (position, chain) = found
+        x = chain[-1].operands[0]
+        with ir.InsertionPoint(op), op.location:
+            operands = [x if i == position else _scalar_like(v, x) for i, v in enumerate(op.operands)]
+            result_t = ir.RankedTensorType.get(ir.RankedTensorType(x.type).shape, ir.RankedTensorType(op.result.type).element_type)
+            moved = ir.Operation.create(op.name, results=[result_t], operands=operands,
+                                        attributes={a.name: a.attr for a in op.attributes}).result
+            out = create_value("stablehlo.transpose", [moved], op.result.type, permutation=chain[-1].attributes["permutation"])
+        op.result.replace_all_uses_with(out)
+        op.erase()
+        for dead in chain:
+            dead.erase()
 
 
 def _broadcast_source_dims(op: ir.Operation) -> list[int] | None:
@@ -181,9 +280,7 @@ def _fold_batch_broadcast(op: ir.Operation, batch: list[int], contracting: list[
     operand's contracting dims after the fold (None: no fold)."""
     if not batch:
         return None
-    v = op.operands[1]
-    while not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
-        v = v.owner.operands[0]
+    v = _through_same_dims(op.operands[1])
     if isinstance(v.owner, ir.Block):
         return None
     dims = _broadcast_source_dims(v.owner)
@@ -213,7 +310,8 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     pa, sa, (b, m, k) = _operand(t, "%a0", lhs_t, [lb, lf, lc], elem, inner)
     pb, sb, (_, _, n) = _operand(t, "%a1", rhs_t, [rb, rc, rf], elem, inner)
     out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
-    consumer = _transposed_result(op, len(lb), len(lf), len(rf))
+    users = _transposed_result(op, len(lb), len(lf), len(rf))
+    consumer = users[0] if users else None
     if consumer is None:  # C contiguous: [b, m, n], reshaped to the result's dims
         mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
         ctype = f"memref<?x?x?x{elem}>"
@@ -239,7 +337,7 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
         result = t(f"bufferization.to_tensor {mc} restrict writable : {ctype} to {consumer.result.type}")
     replaced = consumer or op
     t.emit(f"return {result} : {replaced.result.type}")
-    state.replace_with_call(op, t.function(name, op, [replaced.result.type]), name, replaced)
+    state.replace_with_call(op, t.function(name, op, [replaced.result.type]), name, users)
 
 
 def gemm_call(t: Text, elem: str, sizes: list[str], pa: str, sa: list[str], pb: str, sb: list[str], pc: str, sc: list[str],
@@ -257,17 +355,25 @@ def gemm_call(t: Text, elem: str, sizes: list[str], pa: str, sa: list[str], pb: 
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
 
 
-def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> ir.Operation | None:
-    """The transpose that is the product's only use, when the GEMM can write its result in place
-    (batch at most two dims, rows at most one, one column dim that stays the innermost)."""
-    uses = list(op.result.uses)
-    if len(uses) != 1 or batch > 2 or rows > 1 or cols != 1:
-        return None
-    consumer = uses[0].owner
-    if consumer.name != "stablehlo.transpose":
-        return None
-    perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
-    return consumer if perm[-1] == batch + rows else None
+def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> list[ir.Operation]:
+    """The transpose that is the product's only use (through broadcasts and reshapes that keep
+    every dim, each the only use of the one before), when the GEMM can write its result in place
+    (batch at most two dims, rows at most one, one column dim that stays the innermost): those
+    ops, the transpose first; else none."""
+    if batch > 2 or rows > 1 or cols != 1:
+        return []
+    chain, v = [], op.result
+    while len(uses := list(v.uses)) == 1:
+        consumer = uses[0].owner
+        chain.insert(0, consumer)
+        if consumer.name == "stablehlo.transpose":
+            perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
+            return chain if perm[-1] == batch + rows else []
+        import os
+        if not _same_dims(consumer) or os.environ.get("DISC_EXP", "1") != "1":
+            return []
+        v = consumer.result
+    return []
 
 
 def _is_integer_dot(op: ir.Operation) -> bool:

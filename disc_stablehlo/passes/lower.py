@@ -9,7 +9,7 @@ Python functions registered the same way."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from torch_mlir import ir
 
@@ -90,12 +90,13 @@ class LoweringState:
         return name
 
     def replace_with_call(self, op: ir.Operation, function_text: str, name: str,
-                          replaced: ir.Operation | None = None) -> None:
+                          users: Sequence[ir.Operation] = ()) -> None:
         """`op` becomes a call of the function `name` on its operands. The call takes the place
-        and results of `replaced` (default: `op`), a use of `op` the function computes as well
-        (e.g. a transpose of its result); both are erased."""
-        replaced = replaced or op
-        erase = [replaced] if replaced == op else [replaced, op]  # a user goes first
+        and results of `users[0]` (default: `op`) when the function computes that use of `op` as
+        well (e.g. a transpose of its result), reached through the rest of `users` (each the only
+        use of the one before, the last the only use of `op`); all are erased."""
+        replaced = users[0] if users else op
+        erase = [*users, op]  # a user goes first
         self.add_function(function_text)
         with ir.InsertionPoint(replaced), replaced.location:
             call = ir.Operation.create("func.call", results=[r.type for r in replaced.results], operands=list(op.operands),
