@@ -4,6 +4,7 @@ runs in a subprocess), and failures produce actionable errors and reproducers.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -484,7 +485,8 @@ def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
 def test_transposed_gemm_operands_are_read_in_place():
     """Attention heads: q, k and v are [b, s, heads, dim] buffers read per head at their strides
     (two batch levels), and the context is written per head straight into [b, s, heads, dim],
-    so the head transposes cost no copy: the whole function is two GEMM calls and no loop. A
+    so the head transposes cost no copy: the whole function is two GEMM calls and no loop. Queries
+    scaled after their transpose are scaled before it (one elementwise loop, not a copy). A
     transpose that reorders a product's free dims is still copied."""
     import jax.numpy as jnp
     from conftest import specs_for
@@ -493,17 +495,28 @@ def test_transposed_gemm_operands_are_read_in_place():
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
         return ((q @ k.transpose(0, 1, 3, 2)) @ v).transpose(0, 2, 1, 3)
 
+    def scaled(q, k, v):
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
+        return (((q * 0.125) @ k.transpose(0, 1, 3, 2)) @ v).transpose(0, 2, 1, 3)
+
     def reordered(x, w):  # [b, s, n] -> [b, n, s] @ ...: the free dims change order
         return jnp.swapaxes(x, 1, 2) @ w
 
     f = disc.compile(heads, *specs_for([(("b", "s", 4, 16), np.float32)] * 3, "b, s"))
     assert f.kernels == [] and f.llvm_ir.count("call void @disc_ral_gemm_f32(") == 2
+    h = disc.compile(scaled, *specs_for([(("b", "s", 4, 16), np.float32)] * 3, "b, s"))
+    assert [(k.kind, k.ops) for k in h.kernels] == [("elementwise", ("arith.mulf",))], h.kernels
+    scores, context = (call.split(", ") for call in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", h.llvm_ir))
+    # the scaled queries and the keys at their strides in [b, s, 4, 16]: a head 16 floats on, a row 64
+    assert scores[7:10] == ["i64 16", "i64 64", "i64 1"] and scores[12:15] == ["i64 16", "i64 1", "i64 64"], scores
+    assert context[12:15] == ["i64 16", "i64 64", "i64 1"] and context[17:] == ["i64 16", "i64 64"], context
     g = disc.compile(reordered, *specs_for([(("b", "s", 8), np.float32), (("s", 5), np.float32)], "b, s"))
     assert {k.kind for k in g.kernels} == {"copy"}
     for b, s in [(1, 1), (2, 7), (3, 33)]:
         rng = np.random.default_rng(b + s)
         q, k, v = (rng.standard_normal((b, s, 4, 16)).astype(np.float32) for _ in range(3))
         np.testing.assert_allclose(f(q, k, v), heads(q, k, v), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(h(q, k, v), scaled(q, k, v), rtol=1e-4, atol=1e-4)
         x, w = rng.standard_normal((b, s, 8)).astype(np.float32), rng.standard_normal((s, 5)).astype(np.float32)
         np.testing.assert_allclose(g(x, w), reordered(x, w), rtol=1e-5, atol=1e-5)
 

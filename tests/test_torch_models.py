@@ -3,6 +3,8 @@ against eager PyTorch at >= 3 shapes each."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch frontend needs torch (pip install disc_stablehlo[torch])")
@@ -275,6 +277,36 @@ def test_flattened_projection_keeps_its_activation_behind_the_gemm():
     assert kernel.epilogue_of == "disc_ral_gemm_f32" and {"arith.addf", "math.tanh"} <= set(kernel.ops), kernel
     for b, s in [(1, 1), (3, 7), (4, 33)]:
         x = torch.randn(b, s, 16)
+        torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_heads_need_no_transpose_copies():
+    """`scaled_dot_product_attention` as torch.export decomposes it: heads transposed, the
+    queries scaled, no-op broadcasts and views between the transposes and the products, the
+    context viewed and transposed back. The GEMMs read every head at its strides and write the
+    context into [b, s, heads, dim]; no kernel copies."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(32, 32) for _ in range(4))
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = (p(x).view(b, s, 4, 8).transpose(1, 2) for p in (self.q, self.k, self.v))
+            ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.o(ctx.transpose(1, 2).reshape(b, s, 32))
+
+    model = Attention().eval()
+    compiled = disc.compile(model, (torch.randn(2, 5, 32),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
+    assert not any(k.kind == "copy" for k in compiled.kernels), compiled.kernels
+    # the two products per head read q, k and v at their strides in [b, s, 4, 8] (a head 8 floats
+    # on, a row 32) and write the context there too
+    calls = [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", compiled.llvm_ir)]
+    scores, context = (c for c in calls if c[1] == "i64 4")
+    assert scores[7:10] == ["i64 8", "i64 32", "i64 1"] and scores[12:15] == ["i64 8", "i64 1", "i64 32"], scores
+    assert context[12:15] == ["i64 8", "i64 32", "i64 1"] and context[17:] == ["i64 8", "i64 32"], context
+    for b, s in [(1, 1), (3, 7), (2, 20)]:
+        x = torch.randn(b, s, 32)
         torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
 
 

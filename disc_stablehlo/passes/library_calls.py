@@ -164,8 +164,7 @@ def _same_dims(op: ir.Operation) -> bool:
 
 def _through_same_dims(v: ir.Value) -> ir.Value:
     """`v` before the broadcasts and reshapes that keep every dim (`_same_dims`)."""
-    import os
-    while os.environ.get("DISC_EXP", "1") == "1" and not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
+    while not isinstance(v.owner, ir.Block) and _same_dims(v.owner):
         v = v.owner.operands[0]
     return v
 
@@ -240,8 +239,7 @@ def transposes_below_scalar_ops(module: ir.Module) -> None:
     epilogue), and a GEMM reading the result reads through the transpose (`_fold_transpose`)
     with no copy: attention's queries scaled after the heads' transpose. A chain of such ops
     moves its transpose to its end, one op at a time."""
-    import os
-    while os.environ.get("DISC_EXP", "1") == "1":
+    while True:
         found = next(((op, m) for op in walk(module.operation) if (m := _scalar_op_of_transpose(op))), None)
         if found is None:
             return
@@ -369,8 +367,7 @@ def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> li
         if consumer.name == "stablehlo.transpose":
             perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
             return chain if perm[-1] == batch + rows else []
-        import os
-        if not _same_dims(consumer) or os.environ.get("DISC_EXP", "1") != "1":
+        if not _same_dims(consumer):
             return []
         v = consumer.result
     return []
