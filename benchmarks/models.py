@@ -80,6 +80,8 @@ def text_model(name: str):
 def vision_model(name: str):
     tv = _torchvision()
     model = {"resnet50": tv.models.resnet50, "mobilenet": tv.models.mobilenet_v3_large, "vit": tv.models.vit_b_16}[name]().eval()
+    if name == "vit":  # torchvision starts the head at zero: every peer's output would be the bias, and match
+        torch.nn.init.normal_(model.heads.head.weight, std=0.02, generator=torch.Generator().manual_seed(0))
 
     def inputs(b: int, s: int):
         return (torch.randn(b, 3, s, s, generator=torch.Generator().manual_seed(b * 1000 + s)),)
