@@ -182,10 +182,13 @@ def _is_scalar(v: ir.Value) -> bool:
 
 
 def _splat(constant: ir.Operation) -> ir.Attribute | None:
-    """The value of a splat constant's elements; None when its elements differ (or live in a
-    resource)."""
-    attr = constant.attributes["value"]
-    return ir.DenseElementsAttr(attr).get_splat_value() if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat else None
+    """The value of a splat constant's elements; None when its elements differ, live in a
+    resource or have no attribute of their own (complex)."""
+    try:
+        attr = constant.attributes["value"]
+        return attr.get_splat_value() if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _scalar_like(v: ir.Value, like: ir.Value) -> ir.Value:
