@@ -158,8 +158,8 @@ def _same_dims(op: ir.Operation) -> bool:
     if op.name == "stablehlo.dynamic_reshape":
         return (REASSOCIATION_ATTR in op.attributes
                 and ir.RankedTensorType(op.operands[0].type).rank == ir.RankedTensorType(op.result.type).rank)
-    dims = _broadcast_source_dims(op)
-    return dims is not None and dims == list(range(len(dims))) and len(dims) == ir.RankedTensorType(op.result.type).rank
+    dims = _broadcast_source_dims(op)  # None for every other op (a use may be a `func.return`)
+    return dims is not None and dims == list(range(ir.RankedTensorType(op.result.type).rank))
 
 
 def _through_same_dims(v: ir.Value) -> ir.Value:
@@ -199,12 +199,8 @@ def _scalar_like(v: ir.Value, like: ir.Value) -> ir.Value:
     like_t = ir.RankedTensorType(like.type)
     elem = ir.RankedTensorType(v.type).element_type
     if v.owner.name == "stablehlo.constant":
-        splat = _splat(v.owner)
-        if like_t.has_static_shape:
-            return create_value("stablehlo.constant", [], ir.RankedTensorType.get(like_t.shape, elem),
-                                value=ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get(like_t.shape, elem), splat))
         scalar_t = ir.RankedTensorType.get([], elem)
-        scalar = create_value("stablehlo.constant", [], scalar_t, value=ir.DenseElementsAttr.get_splat(scalar_t, splat))
+        scalar = create_value("stablehlo.constant", [], scalar_t, value=ir.DenseElementsAttr.get_splat(scalar_t, _splat(v.owner)))
     else:
         scalar = v.owner.operands[0]
     out, dims = ir.RankedTensorType.get(like_t.shape, elem), ir.DenseI64ArrayAttr.get([])
@@ -240,13 +236,13 @@ def transposes_below_scalar_ops(module: ir.Module) -> None:
     """An elementwise op on one transposed tensor and scalars runs before the transpose instead:
     op(transpose(x), c) is transpose(op(x, c)). The op then fuses with what makes x (a GEMM's
     epilogue), and a GEMM reading the result reads through the transpose (`_fold_transpose`)
-    with no copy: attention's queries scaled after the heads' transpose. A chain of such ops
-    moves its transpose to its end, one op at a time."""
-    while True:
-        found = next(((op, m) for op in walk(module.operation) if (m := _scalar_op_of_transpose(op))), None)
-        if found is None:
-            return
-        op, (position, chain) = found
+    with no copy: attention's queries scaled after the heads' transpose. Ops are visited in
+    order, producers first, so a chain of such ops moves its transpose to its end, one op at a
+    time (the ops a rewrite erases were visited before it)."""
+    for op in walk(module.operation):
+        if (match := _scalar_op_of_transpose(op)) is None:
+            continue
+        position, chain = match
         x = chain[-1].operands[0]
         with ir.InsertionPoint(op), op.location:
             operands = [x if i == position else _scalar_like(v, x) for i, v in enumerate(op.operands)]
