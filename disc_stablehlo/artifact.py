@@ -29,7 +29,7 @@ from .errors import ArtifactError
 
 MAGIC = b"DISCSHLO"
 FORMAT_VERSION = 1
-RAL_ABI_VERSION = 1  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
+RAL_ABI_VERSION = 2  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
 PREFIX = 64          # magic, versions, header size, file size, checksum
 ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQQ32s")
@@ -59,7 +59,7 @@ class Kernel:
     ops: tuple[str, ...]   # the scalar ops inside, in order of first appearance
     version: str = ""      # for loops generated in versions chosen at run time: "broadcast-free" or "general"
     relies_on: tuple[str, ...] = ()  # shape facts its code or its bounds rely on (`mod(s, 16) == 0`, `t == s`)
-    epilogue_of: str = ""  # the library GEMM it runs behind, row block by row block (`disc_ral_gemm_f32`)
+    epilogue_of: str = ""  # the library call it runs behind, block by block (`disc_ral_gemm_f32`, `disc_ral_conv_f32`)
 
     def __str__(self) -> str:
         version = f" ({self.version} version)" if self.version else ""

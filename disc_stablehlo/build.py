@@ -52,7 +52,7 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
 
 
 # the RAL's library entries whose calls `CompiledFunction.stats` counts (the plain entry or the one with an epilogue)
-LIBRARY_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
+LIBRARY_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64", "disc_ral_conv_f32", "disc_ral_conv_f64")
 
 
 # modules with fewer ops (in their functions' bodies, not counting nested regions) rarely have

@@ -29,9 +29,10 @@ def random_array(shape, dtype, rng):
     return rng.standard_normal(shape).astype(dtype)
 
 
-def gemm_calls(f) -> int:
-    """How many RAL GEMM calls a compiled function has made so far."""
-    return sum(st["calls"] for name, st in f.stats().items() if name.startswith("disc_ral_gemm"))
+def gemm_calls(f, entry: str = "disc_ral_gemm") -> int:
+    """How many calls of the RAL's GEMM (or of another library `entry`: disc_ral_conv) a compiled
+    function has made so far."""
+    return sum(st["calls"] for name, st in f.stats().items() if name.startswith(entry))
 
 
 def specs_for(shapes_and_dtypes, dim_names: str):

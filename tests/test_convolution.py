@@ -1,4 +1,5 @@
-"""Convolutions: ungrouped float ones run as patch matrix x kernel on the RAL's GEMM (any layout,
+"""Convolutions: ungrouped float ones in PyTorch's layout run on the RAL's convolution (GEMMs over
+patch blocks built in cache), in other layouts as patch matrix x kernel on the RAL's GEMM (any
 stride, padding, dilation), grouped and depthwise ones as sums of the window's products (large
 windows: reduction loops); all compiled once with dynamic batch and image size and checked
 against the framework at several shapes."""
@@ -17,7 +18,7 @@ from jax import export
 import disc_stablehlo as disc
 
 
-def test_torch_convolutions_in_nchw_run_as_gemms():
+def test_torch_convolutions_in_nchw_run_on_the_ral():
     torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
     from torch.export import Dim
 
@@ -33,16 +34,16 @@ def test_torch_convolutions_in_nchw_run_as_gemms():
     f = disc.compile(model, (torch.randn(2, 3, 32, 32),), dynamic_shapes=(dims,))
     for b, h, w in [(1, 16, 16), (3, 40, 24), (2, 64, 48)]:
         x = torch.randn(b, 3, h, w)
-        before = gemm_calls(f)
+        before = gemm_calls(f, "disc_ral_conv")
         with torch.no_grad():
             torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-5)
-        assert gemm_calls(f) - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
+        assert gemm_calls(f, "disc_ral_conv") - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
 
 
 @pytest.mark.parametrize("conv, shape", [("Conv1d", (3, 4, 37)), ("Conv3d", (2, 4, 9, 10, 7))])
-def test_torch_1d_and_3d_convolutions_as_one_gemm_per_image(conv, shape):
-    """Channels-first convolutions of any rank: out[b] = kernel x patches[b] (a 1x1 with unit
-    strides reads the input itself; a 1x1 with stride 2 copies its patches)."""
+def test_torch_1d_and_3d_convolutions_on_the_ral(conv, shape):
+    """Channels-first convolutions of one to three spatial dims: out[b] = kernel x patches[b] (a
+    1x1 with unit strides reads the input itself; a 1x1 with stride 2 copies its patches)."""
     torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
     from torch.export import Dim
 
@@ -61,8 +62,9 @@ def test_residual_block_is_one_kernel_per_convolution_at_batch_1():
     """A ResNet block (conv, batch norm, ReLU, 1x1 conv, batch norm, residual add, ReLU) from
     PyTorch: torch-mlir's broadcasts (`shape.broadcast` of extent tensors) are resolved, so every
     dim is proven (no run-time broadcast check, no second version of any loop); each chain of
-    elementwise ops after a convolution is one loop; the 1x1 convolution reads its input as it
-    is (no padding copy), the 3x3 one copies only its padded input and its patches."""
+    elementwise ops after a convolution is one loop, which runs behind the convolution's blocks
+    (its epilogue); the convolutions pad and copy their patches inside the RAL's call (no
+    padding, fill or patch kernels)."""
     torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
     from torch.export import Dim
 
@@ -88,11 +90,43 @@ def test_residual_block_is_one_kernel_per_convolution_at_batch_1():
     assert re.search(r"result0: \[b, 16, h, w\]", report), report
     assert "checked at run time []" in report and not re.search(r"checked at run time \[\d", report)
     assert not any(k.version for k in f.kernels if "general" in k.version)
-    assert _kinds(f) == ["copy", "copy", "elementwise", "elementwise", "fill"], _kinds(f)  # padded input and patches; border
+    assert _kinds(f) == ["elementwise", "elementwise"], _kinds(f)
+    assert all(k.epilogue_of == "disc_ral_conv_f32" for k in f.kernels), f.kernels
     for b, h, w in [(1, 8, 8), (1, 30, 17), (4, 24, 40)]:
         x = torch.randn(b, 16, h, w)
         with torch.no_grad():
             torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_jax_nchw_convolutions_with_input_dilation_and_negative_padding(dtype):
+    """The RAL's convolution computes each window's input index itself: input (lhs) dilation as in
+    a transposed convolution, negative padding that crops, window dilation and strides, one to
+    three spatial dims; images large enough for several patch blocks, and batch 1 (the kernel's
+    rows split over the threads instead)."""
+    b, h, w = export.symbolic_shape("b, h, w", constraints=["h >= 6", "w >= 6"])
+    rng = np.random.default_rng(3)
+    k2 = rng.standard_normal((5, 4, 3, 4)).astype(dtype)  # OIHW
+    k1 = rng.standard_normal((3, 5, 2)).astype(dtype)
+    k3 = rng.standard_normal((2, 3, 1, 2, 3)).astype(dtype)
+    nchw = ("NCHW", "OIHW", "NCHW")
+
+    def fn(x):
+        y = jax.lax.conv_general_dilated(x, k2, (1, 2), [(2, -1), (-2, 3)], lhs_dilation=(2, 1), rhs_dilation=(1, 2),
+                                         dimension_numbers=nchw)
+        z = jax.lax.conv_general_dilated(y[:, :, 0], k1, (3,), [(1, 1)], lhs_dilation=(3,),
+                                         dimension_numbers=("NCH", "OIH", "NCH"))
+        v = jax.lax.conv_general_dilated(y[:, :3, None], k3, (1, 1, 2), [(0, 0), (1, 0), (2, 2)],
+                                         dimension_numbers=("NCDHW", "OIDHW", "NCDHW"))
+        return y, z, v
+
+    f = disc.compile(fn, jax.ShapeDtypeStruct((b, 4, h, w), dtype))
+    for shape in [(1, 4, 6, 6), (2, 4, 11, 7), (1, 4, 150, 130), (3, 4, 40, 64)]:
+        x = rng.standard_normal(shape).astype(dtype)
+        before = gemm_calls(f, "disc_ral_conv")
+        for got, want in zip(f(x), jax.jit(fn)(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-4 if dtype == np.float32 else 1e-10)
+        assert gemm_calls(f, "disc_ral_conv") - before == 3
 
 
 def test_jax_convolutions_in_nhwc_run_as_gemms():

@@ -388,7 +388,7 @@ def test_gemm_epilogues_run_behind_the_gemm(name, fn, shapes, fused, monkeypatch
     behind = [k for k in f.kernels if k.epilogue_of]
     assert [k.epilogue_of for k in behind] == (["disc_ral_gemm_f32"] if fused else [])
     monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
-    monkeypatch.setattr(pipeline, "fuse_gemm_epilogues", lambda module: 0)
+    monkeypatch.setattr(pipeline, "fuse_epilogues", lambda module: 0)
     unfused = disc.compile(fn, *specs_for(shapes, "b, s"))
     assert not any(k.epilogue_of for k in unfused.kernels)
     before = f.stats()

@@ -1,14 +1,16 @@
-"""Convolutions, in every layout: the input is padded (lhs dilation becomes interior padding), then
+"""Convolutions, in every layout:
 
-- ungrouped f32/f64 convolutions become GEMMs through the RAL. Channels first (PyTorch's
-  layout): one GEMM per image, out[b] = kernel x patches[b], the patches [batch, input features,
-  window..., output positions...] copied with the positions innermost (a 1x1 convolution with
-  unit strides reads the input itself), the kernel read as stored with batch stride 0, the
-  output written in its own layout. Other layouts: one linalg.generic copies the windows into a
-  patch matrix ([batch, output positions..., window dims in the kernel's memory order], so the
-  kernel is its other operand as it is stored, never copied), a `dot_general` multiplies it
-  with the kernel (the BLAS rewrite takes it), and the product is transposed into the output
-  layout (written in place by the GEMM);
+- ungrouped f32/f64 convolutions in PyTorch's layout (channels first, up to three spatial dims)
+  are one call of the RAL's convolution (`disc_ral_conv_*`): per image, the kernel as stored
+  (out features x input features * window) times blocks of patch columns that the RAL builds
+  in cache (padding, input and window dilation, strides applied as it copies; a 1x1 window with
+  unit strides reads the input itself), the output written in its own layout;
+- ungrouped f32/f64 convolutions in other layouts: the input is padded (input dilation becomes
+  interior padding), one linalg.generic copies the windows into a patch matrix ([batch, output
+  positions..., window dims in the kernel's memory order], so the kernel is its other operand
+  as it is stored, never copied), a `dot_general` multiplies it with the kernel (the BLAS
+  rewrite takes it), and the product is transposed into the output layout (written in place by
+  the GEMM);
 - the others (grouped and depthwise convolutions, integer types, window reversal) with a small
   window (window positions x the group's input features up to UNROLL_MAX: a depthwise 3x3 to
   7x7) are one elementwise linalg.generic summing the window's products, each window position
@@ -29,7 +31,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad
-from .library_calls import GEMM_ELEMENT_TYPES, _static_product, gemm_call, identity_buffer, pointer
+from .library_calls import GEMM_ELEMENT_TYPES, _static_product, identity_buffer, pointer
 from .lower import Text, register_template
 
 
@@ -82,7 +84,24 @@ def _convolution(op, t: Text, state):
     if rhs_t.is_dynamic_dim(dn.kernel_input_feature_dimension) or rhs_t.is_dynamic_dim(dn.kernel_output_feature_dimension) or any(
             rhs_t.is_dynamic_dim(d) for d in dn.kernel_spatial_dimensions):
         raise UnsupportedOpError("dynamic kernel dims")
-    # pad the input: spatial dims get edge padding and lhs dilation as interior padding
+    # output dims: batch from the input, features from the kernel, spatial from the window
+    # sliding over the padded input (edge padding, and the input dilation as interior padding)
+    in_dims = t.dims("%a0", lhs_t)
+    out_dims = [t.const(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else None for d in range(out_t.rank)]
+    if out_dims[dn.output_batch_dimension] is None:
+        out_dims[dn.output_batch_dimension] = in_dims[dn.input_batch_dimension]
+    for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
+        if out_dims[od] is None:
+            before = t(f"arith.maxsi {t(f'arith.subi {in_dims[idim]}, {t.const(1)} : index')}, {t.const(0)} : index")
+            gaps = t(f"arith.muli {before}, {t.const(lhs_dil[s] - 1)} : index")
+            edges = t.const(padding[2 * s] + padding[2 * s + 1])
+            size = t(f"arith.addi {t(f'arith.addi {in_dims[idim]}, {gaps} : index')}, {edges} : index")
+            reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
+            steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
+            out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
+    if _as_gemm(op) and _channels_first(dn, n):
+        return [_conv_call(t, op, in_dims, out_dims, strides, padding, lhs_dil, rhs_dil, elem)]
+    # pad the input
     lows, highs, interiors = [0] * lhs_t.rank, [0] * lhs_t.rank, [0] * lhs_t.rank
     padded_shape = ["?" if lhs_t.is_dynamic_dim(d) else str(lhs_t.shape[d]) for d in range(lhs_t.rank)]
     for s, d in enumerate(dn.input_spatial_dimensions):
@@ -93,17 +112,7 @@ def _convolution(op, t: Text, state):
     padded_type = f"tensor<{'x'.join(padded_shape)}x{elem}>"
     zero = t(f"arith.constant {'0.0' if elem.startswith(('f', 'bf')) else '0'} : {elem}")
     padded = _pad(t, "%a0", lhs_t, zero, padded_type, lows, highs, interiors)
-    # output dims: batch from the input, features from the kernel, spatial from the window
     padded_t = ir.RankedTensorType(ir.Type.parse(padded_type))
-    out_dims = [t.const(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else None for d in range(out_t.rank)]
-    if out_dims[dn.output_batch_dimension] is None:
-        out_dims[dn.output_batch_dimension] = t.dim("%a0", lhs_t, dn.input_batch_dimension)
-    for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
-        if out_dims[od] is None:
-            size = t.dim(padded, padded_t, idim)
-            reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
-            steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
-            out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
     if _as_gemm(op):
         return [_gemm(t, op, dn, padded, padded_type, out_dims, strides, rhs_dil, elem)]
     rank = out_t.rank
@@ -178,8 +187,6 @@ def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims
     """The convolution as patch matrix x kernel (see the module's docstring)."""
     rhs_t, out_t = ir.RankedTensorType(op.operands[1].type), ir.RankedTensorType(op.result.type)
     n = len(dn.input_spatial_dimensions)
-    if _channels_first(dn, n):
-        return _gemm_channels_first(t, op, padded, padded_type, out_dims, strides, rhs_dil, elem)
     window = sorted(d for d in range(rhs_t.rank) if d != dn.kernel_output_feature_dimension)  # kernel memory order
     # patches[b, o_0..o_{n-1}, k...]: iteration dims d0 (batch), d1..dn (output positions), then one per window dim
     lhs = [""] * (n + 2)
@@ -226,57 +233,49 @@ def _copy_windows(t: Text, padded: str, padded_type: str, read: list[str], patch
 
 
 def _channels_first(dn, n: int) -> bool:
-    """PyTorch's layout: input and output [batch, features, spatial...], kernel [out, in, spatial...]."""
+    """PyTorch's layout, up to three spatial dims: input and output [batch, features, spatial...],
+    kernel [out, in, spatial...]."""
     spatial = list(range(2, n + 2))
-    return (dn.input_batch_dimension, dn.input_feature_dimension, list(dn.input_spatial_dimensions)) == (0, 1, spatial) and (
+    return n <= 3 and (dn.input_batch_dimension, dn.input_feature_dimension, list(dn.input_spatial_dimensions)) == (0, 1, spatial) and (
         dn.kernel_output_feature_dimension, dn.kernel_input_feature_dimension, list(dn.kernel_spatial_dimensions)) == (0, 1, spatial) and (
         dn.output_batch_dimension, dn.output_feature_dimension, list(dn.output_spatial_dimensions)) == (0, 1, spatial)
 
 
-def _gemm_channels_first(t: Text, op: ir.Operation, padded: str, padded_type: str, out_dims: list[str], strides: list[int],
-                         rhs_dil: list[int], elem: str) -> str:
-    """A channels-first convolution as one GEMM per image, out[b] (O x P) = kernel (O x K) x
-    patches[b] (K x P), K = input features x window, P = output positions: the kernel as stored
-    (the same for every image: batch stride 0), the output written in its own layout. The
-    patches [b, in, window..., out positions...] are copied with the positions innermost, rows
-    read along the input's rows; a 1x1 convolution with unit strides reads the input itself."""
-    rhs_t, out_t = ir.RankedTensorType(op.operands[1].type), ir.RankedTensorType(op.result.type)
-    padded_t = ir.RankedTensorType(ir.Type.parse(padded_type))
+def _conv_call(t: Text, op: ir.Operation, in_dims: list[str], out_dims: list[str], strides: list[int], padding: list[int],
+               lhs_dil: list[int], rhs_dil: list[int], elem: str) -> str:
+    """A channels-first convolution through the RAL (`disc_ral_conv_*`, see ral/ral.h): the input
+    and kernel read as stored, the output [batch, out features, positions] written in place; the
+    padding and input dilation happen as the RAL copies patch blocks into cache."""
+    lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.operands[1], op.result))
     n = out_t.rank - 2
-    window = [rhs_t.shape[2 + s] for s in range(n)]
-    features = rhs_t.shape[1]
-    batch, out_features = out_dims[0], t.const(rhs_t.shape[0])
-    k = t.const(features * _static_product(window))
+    out_features = rhs_t.shape[0]
+
+    def spatial(values: list, fill: int) -> list[str]:  # three spatial dims, leading ones of size 1
+        return [t.const(v) if isinstance(v, int) else v for v in [fill] * (3 - n) + values]
+
     positions = t.const(1)
     for d in out_dims[2:]:
         positions = t(f"arith.muli {positions}, {d} : index")
-    if all(w == 1 for w in window) and all(s == 1 for s in strides):
-        patches, patches_type = padded, padded_type  # [b, in, spatial...] is [b, K, P] already
-    else:
-        # patches[b, c, w_0.., o_0..] = padded[b, c, o_s * stride + w_s * dilation]
-        read = ["d0", "d1"] + [f"d{2 + n + s} * {strides[s]} + d{2 + s} * {rhs_dil[s]}" for s in range(n)]
-        shape = ["?" if padded_t.is_dynamic_dim(0) else str(padded_t.shape[0]), str(features)] + [str(w) for w in window] + [
-            "?" if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s]) for s in range(n)]
-        patches_type = f"tensor<{'x'.join(shape)}x{elem}>"
-        dynamic = [batch] * padded_t.is_dynamic_dim(0) + [out_dims[2 + s] for s in range(n) if out_t.is_dynamic_dim(2 + s)]
-        patches = _copy_windows(t, padded, padded_type, read, patches_type, dynamic, elem)
-    patches_buffer, patches_mtype = identity_buffer(t, patches, ir.Type.parse(patches_type), elem)
-    kernel_buffer, kernel_mtype = identity_buffer(t, "%a1", rhs_t, elem)
-    result_mtype = f"memref<?x{rhs_t.shape[0]}x?x{elem}>"
-    result = t(f"memref.alloc({batch}, {positions}) : {result_mtype}")
-    zero = t.const(0)
-    gemm_call(t, elem, [batch, t.const(1), out_features, positions, k],
-              pointer(t, kernel_buffer, kernel_mtype, elem), [zero, zero, k, t.const(1)],
-              pointer(t, patches_buffer, patches_mtype, elem), [t(f"arith.muli {k}, {positions} : index"), zero, positions, t.const(1)],
-              pointer(t, result, result_mtype, elem), [t(f"arith.muli {out_features}, {positions} : index"), zero, positions])
-    flat = t(f"bufferization.to_tensor {result} restrict writable : {result_mtype} to tensor<?x{rhs_t.shape[0]}x?x{elem}>")
-    flat_type = f"tensor<?x{rhs_t.shape[0]}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _static_product(out_t.shape[2:])}x{elem}>"
-    if flat_type != f"tensor<?x{rhs_t.shape[0]}x?x{elem}>":  # static positions
-        flat = t(f"tensor.cast {flat} : tensor<?x{rhs_t.shape[0]}x?x{elem}> to {flat_type}")
-    shape = ", ".join([batch, str(rhs_t.shape[0])] + [str(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else out_dims[d]
-                                                       for d in range(2, out_t.rank)])
-    expanded = f"tensor<?x{rhs_t.shape[0]}x{''.join(('?' if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s])) + 'x' for s in range(n))}{elem}>"
+    x, x_type = identity_buffer(t, "%a0", lhs_t, elem)
+    w, w_type = identity_buffer(t, "%a1", rhs_t, elem)
+    result_mtype = f"memref<?x{out_features}x?x{elem}>"
+    result = t(f"memref.alloc({out_dims[0]}, {positions}) : {result_mtype}")
+    sizes = [out_dims[0], t.const(rhs_t.shape[1]), t.const(out_features)]
+    geometry = (spatial(in_dims[2:], 1) + spatial(out_dims[2:], 1) + spatial(list(rhs_t.shape[2:]), 1) + spatial(strides, 1)
+                + spatial(padding[::2], 0) + spatial(lhs_dil, 1) + spatial(rhs_dil, 1))
+    ints = [t(f"arith.index_cast {v} : index to i64") for v in sizes + geometry]
+    pointers = [pointer(t, x, x_type, elem), pointer(t, w, w_type, elem), pointer(t, result, result_mtype, elem)]
+    fn = f"disc_ral_conv_{elem}"
+    sig = f"({', '.join(['i64'] * 3 + ['!llvm.ptr'] * 3 + ['i64'] * 21)}) -> ()"
+    t.emit(f"func.call @{fn}({', '.join(ints[:3] + pointers + ints[3:])}) : {sig}")
+    t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
+    flat = t(f"bufferization.to_tensor {result} restrict writable : {result_mtype} to tensor<?x{out_features}x?x{elem}>")
+    flat_type = f"tensor<?x{out_features}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _static_product(out_t.shape[2:])}x{elem}>"
+    if flat_type != f"tensor<?x{out_features}x?x{elem}>":  # static positions
+        flat = t(f"tensor.cast {flat} : tensor<?x{out_features}x?x{elem}> to {flat_type}")
+    shape = ", ".join([out_dims[0], str(out_features)] + [str(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else out_dims[d]
+                                                           for d in range(2, out_t.rank)])
+    expanded = f"tensor<?x{out_features}x{''.join(('?' if out_t.is_dynamic_dim(2 + s) else str(out_t.shape[2 + s])) + 'x' for s in range(n))}{elem}>"
     value = t(f"tensor.expand_shape {flat} [[0], [1], [{', '.join(str(2 + s) for s in range(n))}]] output_shape [{shape}] "
               f": {flat_type} into {expanded}")
     return t(f"tensor.cast {value} : {expanded} to {out_t}") if expanded != str(out_t) else value
-

@@ -1,15 +1,17 @@
-"""GEMM epilogues: the loop that consumes a library GEMM's result row by row runs behind it.
+"""Epilogues: the loop that consumes a library call's result row by row runs behind it.
 
-A library GEMM (`disc_ral_gemm_*`) writes C = [batch, m, n] row-major. When the next thing its
-block does with memory is a parallel loop that reads (and writes) C only in the row it is at
-(bias, activation, residual, and whole stitch fusions such as softmax or layer norm over the
-product's rows), the RAL runs that loop on each row block of C right after the block is
-computed, on the same thread, while the block is in cache (`disc_ral_gemm_*_epilogue`): one
-pass over C and one thread-pool dispatch fewer.
+A library GEMM (`disc_ral_gemm_*`) writes C = [batch, m, n] row-major; a convolution
+(`disc_ral_conv_*`) writes [batch, features, positions...] with rows along the last output dim.
+When the next thing its block does with memory is a parallel loop that reads (and writes) the
+result only in the row it is at (bias, activation, residual, batch norm, and whole stitch
+fusions such as softmax or layer norm over the product's rows), the RAL runs that loop on each
+block of the result right after the block is computed, on the same thread, while the block is
+in cache (`disc_ral_*_epilogue`): one pass over the result and one thread-pool dispatch fewer.
 
 This pass only decides and marks: the call and the loop get the same `disc.gemm_epilogue` id.
-The buffer passes treat the loop as the last use of the GEMM's operands (they are read while the
-loop runs), and outlining hands the loop's kernel to the GEMM entry instead of the pool."""
+The buffer passes treat the loop as the last use of the call's operands (they are read while the
+loop runs), and outlining hands the loop's kernel to the call's epilogue entry instead of the
+pool."""
 
 from __future__ import annotations
 
@@ -19,20 +21,24 @@ from ..mlir_support import identity_layout, int_constant, operation, walk
 from .library_calls import STRIDED_RESULT_ATTR
 from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
 
-GEMM_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64")
-_A, _B, _C, _N = 5, 10, 15, 3  # operand positions of the GEMM call: A, B and C pointers, n
+# the library entries with an epilogue: positions of their calls' operands (the inputs' and the
+# result's pointers, and the length of the result's rows)
+_GEMM = ((5, 10), 15, 3)  # A, B, C, n
+_CONV = ((3, 4), 5, 11)  # input, kernel, output, the last output dim
+_OPERANDS = {"disc_ral_gemm_f32": _GEMM, "disc_ral_gemm_f64": _GEMM, "disc_ral_conv_f32": _CONV, "disc_ral_conv_f64": _CONV}
 _CONTIGUOUS_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reshape")
 
 
-def gemm_callee(op: ir.Operation) -> str | None:
+def library_callee(op: ir.Operation) -> str | None:
+    """The library entry a call with an epilogue entry calls (a GEMM or a convolution), or None."""
     if op.name != "func.call":
         return None
     callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-    return callee if callee in GEMM_ENTRIES else None
+    return callee if callee in _OPERANDS else None
 
 
 def _buffer_of_pointer(v: ir.Value, depth: int = 0) -> ir.Value | None:
-    """The memref a GEMM pointer operand was extracted from (through the address arithmetic)."""
+    """The memref a library call's pointer operand was extracted from (through the address arithmetic)."""
     if isinstance(v.owner, ir.Block) or depth > 8:
         return None
     op = operation(v.owner)
@@ -90,7 +96,7 @@ def _same_size(size: ir.Value | int | None, bound: ir.Value) -> bool:
 
 
 def _strip_cast(v: ir.Value) -> ir.Value:
-    """An i64 GEMM operand as the index value it was cast from."""
+    """An i64 operand of a library call as the index value it was cast from."""
     if not isinstance(v.owner, ir.Block) and operation(v.owner).name == "arith.index_cast":
         return operation(v.owner).operands[0]
     return v
@@ -98,9 +104,10 @@ def _strip_cast(v: ir.Value) -> ir.Value:
 
 def _rows_only(loop: ir.Operation, call: ir.Operation, c: ir.Value) -> bool:
     """Whether each row of the loop's leading dims (the rows the thread pool splits) reads and
-    writes C only in that row: every access is through a row-major view of all of C whose
-    leading dims are the loop's (from 0, step 1) and whose last dim is C's row (n), indexed by
-    the loop's leading induction variables; and the loop writes neither GEMM operand."""
+    writes the call's result C only in that row: every access is through a row-major view of
+    all of C whose leading dims are the loop's (from 0, step 1) and whose last dim is C's row,
+    indexed by the loop's leading induction variables; and the loop writes none of the call's
+    inputs."""
     accesses = _accesses(loop)
     k = row_dims(loop)
     if accesses is None or k < 1:
@@ -109,8 +116,9 @@ def _rows_only(loop: ir.Operation, call: ir.Operation, c: ir.Value) -> bool:
     if any(int_constant(lb) != 0 or int_constant(step) != 1 for lb, _, step in bounds):
         return False
     ivs = list(loop.regions[0].blocks[0].arguments)[:k]
-    operands = {_root(b) for b in (_buffer_of_pointer(call.operands[_A]), _buffer_of_pointer(call.operands[_B])) if b is not None}
-    n = _strip_cast(call.operands[_N])
+    inputs, _, row = _OPERANDS[library_callee(call)]
+    operands = {_root(b) for b in (_buffer_of_pointer(call.operands[i]) for i in inputs) if b is not None}
+    n = _strip_cast(call.operands[row])
     touches_c = False
     for ref, indices, writes in accesses:
         root = _root(ref)
@@ -127,14 +135,14 @@ def _rows_only(loop: ir.Operation, call: ir.Operation, c: ir.Value) -> bool:
     return touches_c
 
 
-def fuse_gemm_epilogues(module: ir.Module) -> int:
-    """Marks each GEMM call whose result the next loop of its block consumes row by row, and that
-    loop; returns how many. Run after loop fusion (the loop is whole) and before rows are
+def fuse_epilogues(module: ir.Module) -> int:
+    """Marks each library call whose result the next loop of its block consumes row by row, and
+    that loop; returns how many. Run after loop fusion (the loop is whole) and before rows are
     collapsed (the row structure is still the loop's leading dims)."""
     marked = 0
     for call in [op for op in walk(module.operation)
-                 if gemm_callee(op) and not _in_parallel(op) and STRIDED_RESULT_ATTR not in op.attributes]:
-        c = _buffer_of_pointer(call.operands[_C])
+                 if library_callee(op) and not _in_parallel(op) and STRIDED_RESULT_ATTR not in op.attributes]:
+        c = _buffer_of_pointer(call.operands[_OPERANDS[library_callee(call)][1]])
         if c is None or isinstance(c.owner, ir.Block) or operation(c.owner).name != "memref.alloc":
             continue
         ops = [o.operation for o in call.block.operations]
@@ -149,7 +157,7 @@ def fuse_gemm_epilogues(module: ir.Module) -> int:
 
 
 def behind(op: ir.Operation) -> ir.Operation:
-    """For a GEMM call with an epilogue, the epilogue loop (which runs inside the call, so it is
+    """For a library call with an epilogue, the epilogue loop (which runs inside the call, so it is
     where the call's operands are last used); any other op itself."""
     if EPILOGUE_ATTR not in op.attributes or op.name != "func.call":
         return op
@@ -159,10 +167,10 @@ def behind(op: ir.Operation) -> ir.Operation:
                  and o.operation.attributes[EPILOGUE_ATTR] == mark), op)
 
 
-def gemm_of(loop: ir.Operation) -> ir.Operation | None:
-    """The GEMM call an epilogue loop runs behind."""
+def call_of(loop: ir.Operation) -> ir.Operation | None:
+    """The library call an epilogue loop runs behind."""
     if EPILOGUE_ATTR not in loop.attributes:
         return None
     mark = loop.attributes[EPILOGUE_ATTR]
-    return next((o.operation for o in loop.block.operations if gemm_callee(o.operation)
+    return next((o.operation for o in loop.block.operations if library_callee(o.operation)
                  and EPILOGUE_ATTR in o.operation.attributes and o.operation.attributes[EPILOGUE_ATTR] == mark), None)

@@ -15,7 +15,7 @@ from torch_mlir import ir
 
 from ..artifact import Kernel
 from ..mlir_support import defined_outside, facts_relied_on, nested_in, new_private_function, operation, walk
-from .epilogues import gemm_callee, gemm_of
+from .epilogues import call_of, library_callee
 from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, VIEWS, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
@@ -82,10 +82,10 @@ Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of
 
 
 def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds],
-               gemm: ir.Operation | None) -> str:
+               library: ir.Operation | None) -> str:
     """The host side: pack the captured values into slots and call the RAL. `bounds` are the
     loop's, `inner` those of the loops its body runs per iteration (for the work estimate);
-    `gemm`: the GEMM call the loop runs behind as its epilogue (its operands follow the
+    `library`: the library call the loop runs behind as its epilogue (its operands follow the
     captured values), or None."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
@@ -128,9 +128,9 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
     lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
     params = [f"%v{i}: {v.type}" for i, v in enumerate(captured)]
     callee, args, types = "disc_ral_parallel_for", [], []
-    if gemm is not None:
-        callee = f"{gemm_callee(gemm)}_epilogue"
-        types = [str(v.type) for v in gemm.operands]
+    if library is not None:
+        callee = f"{library_callee(library)}_epilogue"
+        types = [str(v.type) for v in library.operands]
         args = [f"%g{i}" for i in range(len(types))]
         params += [f"{a}: {t}" for a, t in zip(args, types)]
     signature = ", ".join(types + ["!llvm.ptr", "!llvm.ptr", "i64", "i64"])
@@ -220,7 +220,7 @@ def _host_facts(values: list[ir.Value]) -> list[str]:
     return found
 
 
-def _describe(op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | None) -> Kernel:
+def _describe(op: ir.Operation, captured: list[ir.Value], library: ir.Operation | None) -> Kernel:
     """What the loop `op` computes (its kernel's name is filled in once it is outlined)."""
     inner = list(walk(op))[1:]
     ops = tuple(dict.fromkeys(o.name for o in inner if not o.name.startswith(_PLUMBING)
@@ -236,7 +236,7 @@ def _describe(op: ir.Operation, captured: list[ir.Value], gemm: ir.Operation | N
     version = ir.StringAttr(op.attributes[VERSION_ATTR]).value if VERSION_ATTR in op.attributes else ""
     facts = [f for o in [op] + inner for f in facts_relied_on(o)] + _host_facts(captured)
     return Kernel("", kind, len(op.regions[0].blocks[0].arguments), ops, version, tuple(dict.fromkeys(facts)),
-                  gemm_callee(gemm) if gemm is not None else "")
+                  library_callee(library) if library is not None else "")
 
 
 def _body_loops(op: ir.Operation) -> list[ir.Operation]:
@@ -273,12 +273,12 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         body, pack = state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
         inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
                  for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
-        gemm = gemm_of(op)  # the epilogue's pack call does the GEMM, at the loop's place
-        if gemm is not None:
+        library = call_of(op)  # the epilogue's pack call makes the library call, at the loop's place
+        if library is not None:
             del op.attributes[EPILOGUE_ATTR]  # found: the id would set apart loops that are the same
-        kernel = _describe(op, captured, gemm)
+        kernel = _describe(op, captured, library)
         with ir.InsertionPoint(op), op.location:
-            ir.Operation.create("func.call", operands=captured + (list(gemm.operands) if gemm else []),
+            ir.Operation.create("func.call", operands=captured + (list(library.operands) if library else []),
                                 attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
         func = _move_into_function(op, body, captured, module)
         code = func.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True).replace(f"@{body}(", "(", 1)
@@ -291,9 +291,9 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         else:
             func.erase()
         kernels.append(dataclasses.replace(kernel, name=par))
-        state.add_function(_pack_text(pack, par, captured, bounds, inner, gemm))
-        if gemm is not None:
-            gemm.erase()
+        state.add_function(_pack_text(pack, par, captured, bounds, inner, library))
+        if library is not None:
+            library.erase()
     return kernels
 
 

@@ -24,7 +24,7 @@ from .top_k import protect_top_k
 from .constants import fold_constant_converts
 from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
-from .epilogues import fuse_gemm_epilogues
+from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
@@ -137,10 +137,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         unify_argument_dims(_function(module, entry_name), shapes)
         expose_divisibility(_function(module, entry_name), shapes)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "dims clean-up")
-        # 9. loops over the same rows fuse, and run behind the GEMM whose rows they consume; rows
-        #    are what the thread pool splits
+        # 9. loops over the same rows fuse, and run behind the library call (GEMM, convolution)
+        #    whose rows they consume; rows are what the thread pool splits
         fuse_loops(module)
-        fuse_gemm_epilogues(module)
+        fuse_epilogues(module)
         schedule_column_reductions(module)
         collapse_rows(module)
         accumulate_in_registers(module)

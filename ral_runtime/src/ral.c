@@ -753,3 +753,233 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
 
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)
 DEFINE_GEMM(disc_ral_gemm_f64, double, 1)
+
+/* ------------------------------------------------------------------------------------------ */
+/* channels-first convolutions: GEMMs over blocks of patches that stay in cache                 */
+
+/* One spatial dim: sizes of the input and output and window, window stride, low padding (may be
+ * negative), input (lhs) and window (rhs) dilation. */
+typedef struct {
+  int64_t in, out, window, stride, pad, lhs_dil, rhs_dil;
+} conv_dim;
+
+typedef struct {
+  ral_runtime *rt;
+  int is_double;
+  int64_t batch, in_c, out_c, k, positions;
+  conv_dim d[3]; /* outermost first; unused leading dims have size 1 */
+  const void *x, *w;
+  void *y;
+  int direct; /* a 1x1 window with unit strides and dilations and no padding: no patches */
+  int64_t cols_per_block, col_blocks, rows_per_block, row_blocks, tasks;
+  char *scratch; /* one patch block per slot (none when direct) */
+  size_t slot_bytes;
+  atomic_int_fast64_t next; /* next unclaimed task */
+  ral_parallel_body epilogue; /* NULL: none, or run after the whole convolution */
+  void *epilogue_data;
+  atomic_llong epilogue_ns;
+} conv_job;
+
+/* Output positions [lo, hi) of a dim whose input index o * stride + off falls in [0, in) (unit
+ * input dilation). */
+static void conv_valid(const conv_dim *d, int64_t off, int64_t *lo, int64_t *hi) {
+  int64_t a = off >= 0 ? 0 : (-off + d->stride - 1) / d->stride;
+  int64_t b = d->in - 1 - off < 0 ? 0 : (d->in - 1 - off) / d->stride + 1;
+  *lo = a < d->out ? a : d->out;
+  *hi = b < *lo ? *lo : (b < d->out ? b : d->out);
+}
+
+/* The input index of output position o at window position z, or -1 in the padding (or between
+ * dilated input elements). */
+static int64_t conv_index(const conv_dim *d, int64_t o, int64_t z) {
+  int64_t i = o * d->stride + z * d->rhs_dil - d->pad;
+  if (i < 0 || i % d->lhs_dil) return -1;
+  i /= d->lhs_dil;
+  return i < d->in ? i : -1;
+}
+
+/* patches[r, p - p0] for rows r = (input feature, window position) and output positions p in
+ * [p0, p1) of image b: the input element each window position reads, zero in the padding. */
+#define DEFINE_PATCHES(NAME, T)                                                                   \
+  static void NAME(const conv_job *g, int64_t b, int64_t p0, int64_t p1, T *patches) {           \
+    const conv_dim *d = g->d;                                                                     \
+    int64_t plane = d[0].in * d[1].in * d[2].in, n = p1 - p0;                                     \
+    int64_t windows = d[0].window * d[1].window * d[2].window;                                    \
+    for (int64_t r = 0; r < g->k; r++) {                                                          \
+      int64_t c = r / windows, z = r % windows;                                                   \
+      int64_t z2 = z % d[2].window, z1 = z / d[2].window % d[1].window, z0 = z / d[2].window / d[1].window; \
+      const T *x = (const T *)g->x + (b * g->in_c + c) * plane;                                   \
+      T *dst = patches + r * n;                                                                   \
+      int64_t lo2 = 0, hi2 = 0, off2 = z2 * d[2].rhs_dil - d[2].pad;                              \
+      if (d[2].lhs_dil == 1) conv_valid(&d[2], off2, &lo2, &hi2);                                 \
+      for (int64_t p = p0; p < p1;) {                                                             \
+        int64_t o2 = p % d[2].out, o1 = p / d[2].out % d[1].out, o0 = p / d[2].out / d[1].out;    \
+        int64_t run = d[2].out - o2 < p1 - p ? d[2].out - o2 : p1 - p, end = o2 + run;            \
+        int64_t i0 = conv_index(&d[0], o0, z0), i1 = conv_index(&d[1], o1, z1);                   \
+        if (i0 < 0 || i1 < 0) {                                                                   \
+          memset(dst, 0, (size_t)run * sizeof(T));                                                \
+        } else {                                                                                  \
+          const T *row = x + (i0 * d[1].in + i1) * d[2].in;                                       \
+          if (d[2].lhs_dil != 1) {                                                                \
+            for (int64_t o = o2; o < end; o++) {                                                  \
+              int64_t i = conv_index(&d[2], o, z2);                                               \
+              dst[o - o2] = i < 0 ? 0 : row[i];                                                   \
+            }                                                                                     \
+          } else {                                                                                \
+            int64_t lo = lo2 < o2 ? o2 : (lo2 < end ? lo2 : end), hi = hi2 < lo ? lo : (hi2 < end ? hi2 : end); \
+            for (int64_t o = o2; o < lo; o++) dst[o - o2] = 0;                                    \
+            if (d[2].stride == 1)                                                                 \
+              memcpy(dst + lo - o2, row + lo + off2, (size_t)(hi - lo) * sizeof(T));              \
+            else                                                                                  \
+              for (int64_t o = lo; o < hi; o++) dst[o - o2] = row[o * d[2].stride + off2];        \
+            for (int64_t o = hi; o < end; o++) dst[o - o2] = 0;                                   \
+          }                                                                                       \
+        }                                                                                         \
+        dst += run;                                                                               \
+        p += run;                                                                                 \
+      }                                                                                           \
+    }                                                                                             \
+  }
+DEFINE_PATCHES(conv_patches_f32, float)
+DEFINE_PATCHES(conv_patches_f64, double)
+
+/* Slots [lo, hi): each claims tasks (image, column block, row block) in order and runs them
+ * with its own patch block, built once for the row blocks of one column block that follow. */
+static void conv_slots(void *data, int64_t lo, int64_t hi) {
+  conv_job *g = data;
+  (void)hi;
+  void *patches = g->scratch ? g->scratch + (size_t)lo * g->slot_bytes : NULL;
+  int64_t built = -1; /* image x column block whose patches the block holds */
+  for (int64_t t; (t = atomic_fetch_add(&g->next, 1)) < g->tasks;) {
+    int64_t piece = t / g->row_blocks, rb = t % g->row_blocks;
+    int64_t b = piece / g->col_blocks, p0 = (piece % g->col_blocks) * g->cols_per_block;
+    int64_t p1 = p0 + g->cols_per_block < g->positions ? p0 + g->cols_per_block : g->positions;
+    int64_t row0 = rb * g->rows_per_block, rows = g->out_c - row0 < g->rows_per_block ? g->out_c - row0 : g->rows_per_block;
+    const void *b_ptr = patches;
+    int64_t ldb = p1 - p0;
+    if (g->direct) { /* the input is the patch matrix: [in_c, positions] per image */
+      b_ptr = (const char *)g->x + (size_t)(b * g->k * g->positions + p0) * (g->is_double ? sizeof(double) : sizeof(float));
+      ldb = g->positions;
+    } else if (piece != built) {
+      if (g->is_double)
+        conv_patches_f64(g, b, p0, p1, patches);
+      else
+        conv_patches_f32(g, b, p0, p1, patches);
+      built = piece;
+    }
+    int64_t c_off = (b * g->out_c + row0) * g->positions + p0;
+    if (g->is_double)
+      g->rt->dgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)rows, (int)(p1 - p0), (int)g->k, 1, (const double *)g->w + row0 * g->k,
+                   (int)g->k, b_ptr, (int)ldb, 0, (double *)g->y + c_off, (int)g->positions);
+    else
+      g->rt->sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)rows, (int)(p1 - p0), (int)g->k, 1, (const float *)g->w + row0 * g->k,
+                   (int)g->k, b_ptr, (int)ldb, 0, (float *)g->y + c_off, (int)g->positions);
+    if (g->epilogue) { /* the block's output rows (whole ones), feature by feature, while in cache */
+      int64_t start = now_ns(), row = g->d[2].out, per_feature = g->positions / row;
+      for (int64_t o = row0; o < row0 + rows; o++) {
+        int64_t first = (b * g->out_c + o) * per_feature + p0 / row;
+        g->epilogue(g->epilogue_data, first, first + (p1 - p0) / row);
+      }
+      atomic_fetch_add_explicit(&g->epilogue_ns, now_ns() - start, memory_order_relaxed);
+    }
+  }
+}
+
+/* columns per patch block at least (fewer make the BLAS pack the kernel once per few columns) */
+#define RAL_CONV_COLS_MIN 256
+
+/* The convolution entries: check, split, run; `epilogue` (or NULL) runs over the output's rows
+ * (all dims but the last) [0, rows) with `epilogue_data`: behind each block of patch columns
+ * when the blocks hold whole rows, else after the convolution as an ordinary parallel loop of
+ * `work` scalar iterations. */
+static void conv_run(const void *key, const char *name, conv_job *g, int64_t rows, int64_t work) {
+  ral_context *ctx = tls_context;
+  char message[160];
+  size_t elem = g->is_double ? sizeof(double) : sizeof(float);
+  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
+    snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
+    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+    return;
+  }
+  g->rt = ctx->rt;
+  g->positions = g->d[0].out * g->d[1].out * g->d[2].out;
+  int64_t output_rows = g->d[2].out ? g->batch * g->out_c * (g->positions / g->d[2].out) : 0;
+  if (g->epilogue && rows != output_rows) {
+    snprintf(message, sizeof message, "%s: epilogue over %lld rows of an output with %lld", name, (long long)rows,
+             (long long)output_rows);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
+  ral_parallel_body epilogue = g->epilogue;
+  if (g->batch == 0 || g->out_c == 0 || g->positions == 0 || g->k == 0) {
+    if (g->k == 0) memset(g->y, 0, (size_t)(g->batch * g->out_c * g->positions) * elem);
+    if (epilogue) disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
+    return;
+  }
+  if (g->k > INT32_MAX || g->positions > INT32_MAX || g->out_c > INT32_MAX) {
+    snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
+  int64_t start = now_ns();
+  int threads = ral_runtime_num_threads(ctx->rt);
+  /* columns: half an L2 of patches, whole output rows where a block holds more than one */
+  int64_t row = g->d[2].out, cols = (int64_t)((size_t)ctx->rt->l2_bytes / 2 / ((size_t)g->k * elem));
+  if (cols < RAL_CONV_COLS_MIN) cols = RAL_CONV_COLS_MIN;
+  if (cols > g->positions) cols = g->positions;
+  g->col_blocks = (g->positions + cols - 1) / cols;
+  cols = (g->positions + g->col_blocks - 1) / g->col_blocks;
+  if (cols > row) cols = (cols + row - 1) / row * row;
+  g->cols_per_block = cols;
+  g->col_blocks = (g->positions + cols - 1) / cols;
+  if (cols % row) g->epilogue = NULL; /* blocks of parts of rows: the epilogue runs after */
+  /* fewer pieces than threads: output features split too (each block builds its own patches) */
+  int64_t pieces = g->batch * g->col_blocks;
+  g->row_blocks = pieces < threads ? gemm_blocks(g->out_c, RAL_GEMM_ROWS_MIN, (threads + pieces - 1) / pieces) : 1;
+  g->rows_per_block = (g->out_c + g->row_blocks - 1) / g->row_blocks;
+  g->row_blocks = (g->out_c + g->rows_per_block - 1) / g->rows_per_block;
+  g->tasks = pieces * g->row_blocks;
+  int pooled = g->tasks > 1 && g->batch * g->out_c * g->positions * g->k >= (1 << 18);
+  int slots = pooled ? threads : 1;
+  g->direct = 1;
+  for (int i = 0; i < 3; i++)
+    g->direct &= g->d[i].window == 1 && g->d[i].stride == 1 && g->d[i].pad == 0 && g->d[i].lhs_dil == 1 && g->d[i].in == g->d[i].out;
+  g->slot_bytes = g->direct ? 0 : ((size_t)g->k * (size_t)cols * elem + RAL_ALIGN - 1) / RAL_ALIGN * RAL_ALIGN;
+  g->scratch = g->direct ? NULL : allocator_get(&ctx->rt->alloc, g->slot_bytes * (size_t)slots);
+  if (!g->direct && !g->scratch) {
+    snprintf(message, sizeof message, "%s: out of memory allocating %zu bytes of patches", name, g->slot_bytes * (size_t)slots);
+    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, message);
+    return;
+  }
+  atomic_init(&g->next, 0);
+  if (pooled)
+    ral_parallel_for(ctx, conv_slots, g, 0, slots, 1);
+  else
+    conv_slots(g, 0, 1);
+  if (g->scratch) allocator_put(&ctx->rt->alloc, g->scratch);
+  stat_record(key, pooled, start);
+  if (g->epilogue) /* ran behind the blocks */
+    stat_fused(epilogue, atomic_load(&g->epilogue_ns));
+  else if (epilogue)
+    disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
+}
+
+#define DEFINE_CONV(NAME, T, IS_DOUBLE)                                                                  \
+  void NAME##_epilogue(DISC_RAL_CONV_ARGS(T), ral_parallel_body epilogue, void *epilogue_data, int64_t rows, \
+                       int64_t work) {                                                                   \
+    conv_job g = {.is_double = IS_DOUBLE, .batch = batch, .in_c = in_c, .out_c = out_c, .x = x, .w = w, .y = y, \
+                  .d = {{in0, out0, win0, stride0, pad0, lhs0, rhs0},                                    \
+                        {in1, out1, win1, stride1, pad1, lhs1, rhs1},                                    \
+                        {in2, out2, win2, stride2, pad2, lhs2, rhs2}},                                   \
+                  .epilogue = epilogue, .epilogue_data = epilogue_data};                                 \
+    g.k = in_c * win0 * win1 * win2;                                                                     \
+    atomic_init(&g.epilogue_ns, 0);                                                                      \
+    conv_run((const void *)NAME, #NAME, &g, rows, work);                                                 \
+  }                                                                                                      \
+  void NAME(DISC_RAL_CONV_ARGS(T)) {                                                                     \
+    NAME##_epilogue(batch, in_c, out_c, x, w, y, in0, in1, in2, out0, out1, out2, win0, win1, win2, stride0, stride1, \
+                    stride2, pad0, pad1, pad2, lhs0, lhs1, lhs2, rhs0, rhs1, rhs2, NULL, NULL, 0, 0);      \
+  }
+
+DEFINE_CONV(disc_ral_conv_f32, float, 0)
+DEFINE_CONV(disc_ral_conv_f64, double, 1)

@@ -1,4 +1,4 @@
-/* Tests of the RAL's C API: allocator, contexts, thread pool, GEMM. Usage: test_ral [blas.so] */
+/* Tests of the RAL's C API: allocator, contexts, thread pool, GEMM, convolution. Usage: test_ral [blas.so] */
 #include "ral/ral.h"
 
 #include <pthread.h>
@@ -290,6 +290,77 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context_destroy(ctx);
 }
 
+/* The RAL's convolution against a direct sum: [batch, in_c, 1, h, w] (*) [out_c, in_c, 1, kh, kw],
+ * stride (sh, sw), low padding (ph, pw), input dilation (lh, lw), window dilation (rh, rw);
+ * the output size from the high padding (qh, qw). Small integers: exact sums. */
+static int conv_matches(ral_context *ctx, int64_t batch, int64_t in_c, int64_t out_c, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t qh, int64_t qw, int64_t lh, int64_t lw, int64_t rh,
+                        int64_t rw) {
+  int64_t oh = ((h - 1) * lh + 1 + ph + qh - ((kh - 1) * rh + 1)) / sh + 1, ow = ((w - 1) * lw + 1 + pw + qw - ((kw - 1) * rw + 1)) / sw + 1;
+  float *x = malloc(sizeof(float) * batch * in_c * h * w), *k = malloc(sizeof(float) * out_c * in_c * kh * kw);
+  float *y = malloc(sizeof(float) * batch * out_c * oh * ow);
+  for (int64_t i = 0; i < batch * in_c * h * w; i++) x[i] = (float)((i * 7) % 11) - 5;
+  for (int64_t i = 0; i < out_c * in_c * kh * kw; i++) k[i] = (float)((i * 5) % 9) - 4;
+  /* with an epilogue adding 1 to each row of the output ([batch, out_c, oh] rows of ow) */
+  atomic_int *seen = calloc((size_t)(batch * out_c * oh), sizeof(atomic_int));
+  epilogue_data e = {.c = y, .n = ow, .seen = seen};
+  disc_ral_conv_f32_epilogue(batch, in_c, out_c, x, k, y, 1, h, w, 1, oh, ow, 1, kh, kw, 1, sh, sw, 0, ph, pw, 1, lh, lw, 1, rh, rw,
+                             add_one, &e, batch * out_c * oh, batch * out_c * oh * ow);
+  int ok = ral_context_status(ctx) == RAL_OK;
+  for (int64_t i = 0; i < batch * out_c * oh; i++) ok &= atomic_load(&seen[i]) == 1;
+  for (int64_t b = 0; b < batch && ok; b++)
+    for (int64_t o = 0; o < out_c; o++)
+      for (int64_t i = 0; i < oh; i++)
+        for (int64_t j = 0; j < ow; j++) {
+          float ref = 1;
+          for (int64_t c = 0; c < in_c; c++)
+            for (int64_t u = 0; u < kh; u++)
+              for (int64_t v = 0; v < kw; v++) {
+                int64_t r = i * sh + u * rh - ph, q = j * sw + v * rw - pw;
+                if (r < 0 || q < 0 || r % lh || q % lw || r / lh >= h || q / lw >= w) continue;
+                ref += x[((b * in_c + c) * h + r / lh) * w + q / lw] * k[((o * in_c + c) * kh + u) * kw + v];
+              }
+          ok &= y[((b * out_c + o) * oh + i) * ow + j] == ref;
+        }
+  free(x);
+  free(k);
+  free(y);
+  free(seen);
+  return ok;
+}
+
+static void test_conv(ral_runtime *rt, int have_blas) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  if (have_blas) {
+    ral_kernel_stat before;
+    ral_kernel_stats((const void *)add_one, &before); /* the GEMM tests' epilogues count too */
+    CHECK(conv_matches(ctx, 2, 3, 8, 9, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));          /* small: one thread */
+    CHECK(conv_matches(ctx, 3, 16, 24, 70, 90, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));      /* several patch blocks per image */
+    CHECK(conv_matches(ctx, 1, 8, 100, 20, 20, 3, 3, 2, 1, 1, 0, 1, 2, 1, 1, 1, 2));      /* batch 1: the kernel's rows split */
+    CHECK(conv_matches(ctx, 2, 4, 5, 30, 40, 3, 2, 1, 2, -1, 2, 3, -2, 2, 3, 2, 1));      /* input dilation, negative padding */
+    CHECK(conv_matches(ctx, 2, 32, 40, 33, 31, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1));      /* 1x1: the input is read in place */
+    CHECK(conv_matches(ctx, 2, 32, 40, 33, 31, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1, 1));      /* 1x1 with stride 2: patches */
+    CHECK(conv_matches(ctx, 2, 0, 3, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));          /* no input features: zeros */
+    CHECK(conv_matches(ctx, 1, 64, 2, 1, 9000, 1, 1, 1, 2, 0, 0, 0, 0, 1, 1, 1, 1));      /* blocks of parts of rows */
+    ral_kernel_stat st;
+    ral_kernel_stats((const void *)disc_ral_conv_f32, &st);
+    CHECK(st.calls == 7 && st.pool_calls >= 4); /* the one without input features returns before running */
+    ral_kernel_stats((const void *)add_one, &st);
+    CHECK(st.calls - before.calls == 8 && st.fused_calls - before.fused_calls == 6); /* after: no features, parts of rows */
+    float x = 1, k = 1, y = 0;
+    disc_ral_conv_f32_epilogue(1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, add_one, NULL, 2, 2);
+    CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != the output's */
+  } else {
+    float x = 1, k = 1, y = 0;
+    disc_ral_conv_f32(1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1);
+    CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
+  }
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
+}
+
 int main(int argc, char **argv) {
   const char *blas = argc > 1 ? argv[1] : NULL;
   ral_runtime *rt;
@@ -302,6 +373,7 @@ int main(int argc, char **argv) {
   test_parallel_for(rt);
   test_threads_share_runtime(rt);
   test_gemm(rt, blas != NULL);
+  test_conv(rt, blas != NULL);
   test_small_gemm_kernel();
   ral_runtime_destroy(rt);
   printf("%d passed, %d failed\n", checks - failures, failures);
