@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from . import artifact
+from .errors import CompileError
 from .passes.pipeline import compile_to_llvm
 from .runtime import RAL_LIBRARY, ral_library_dir
 from .targets import Target
@@ -25,9 +26,12 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     """Compiles the imported module and writes its artifact to `path`, for the caller to complete
     (`artifact.write`; returns what that returns). `binding`: how the caller's flat arguments map
     to the inputs, kept for `disc.load`."""
+    if tgt.kind != "cpu":  # where the GPU targets' pipeline will branch off
+        raise CompileError(f"target '{tgt.name}': code generation for {tgt.kind} GPUs is not implemented yet; "
+                           "the x86 target is (target='x86')")
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
-    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, imported.facts, imported.checked,
+    lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, tgt, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse, imported.params)
     shapes = lowered.shapes
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):

@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("-o", "--output", required=True, help="the artifact to write")
     c.add_argument("--arg", action="append", default=[], help="JAX argument spec: dims (names for symbolic ones) and type, b,s,256:f32")
     c.add_argument("--constraint", action="append", default=[], help='a fact over the dims, checked at run time ("s >= 8")')
-    c.add_argument("--target", default="x86", help="code generation target (default: x86)")
+    c.add_argument("--target", default="x86", help="code generation target: x86 (the default; cuda[:sm_XX] and rocm[:gfxNNN] "
+                   "are recognised, not generated yet)")
     c.add_argument("-q", "--quiet", action="store_true", help="no stage timings")
     r = sub.add_parser("run", help="run an artifact on .npy/.npz inputs")
     r.add_argument("artifact")

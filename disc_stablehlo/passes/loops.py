@@ -411,8 +411,7 @@ def _invariant_read(op: ir.Operation, loop: ir.Operation, written: set, moved: l
 
 VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
 
-COLUMN_BLOCK = 64  # columns per block of the column schedule: 4 AVX-512 vectors of f32, 256 bytes per row
-COLUMN_MIN = 16    # the column version runs when the innermost extent is at least this (one f32 vector)
+COLUMN_VECTORS = 4  # vectors of columns per block of the column schedule (AVX-512: 64 f32, 256 bytes per row)
 
 
 def _top_loops(module: ir.Module) -> list[ir.Operation]:
@@ -422,15 +421,13 @@ def _top_loops(module: ir.Module) -> list[ir.Operation]:
             and not _in_parallel(op) and EPILOGUE_ATTR not in op.attributes]
 
 
-VECTOR = 16  # elements: an AVX-512 vector of f32 (two of f64)
-
-
-def version_vector_tails(module: ir.Module) -> int:
-    """Speculation on the vector width: a loop whose innermost loops (the ones LLVM vectorises)
-    run to a dynamic bound (softmax over the sequence) is generated twice; host code runs the
-    "no tail" version, in which each such bound reads `n & -16` (the same value when it holds,
-    so the vector loop needs no scalar remainder), when every such bound divides by 16, and the
-    "tail" version (vector body plus scalar remainder) otherwise. A bound the shape facts prove
+def version_vector_tails(module: ir.Module, vector: int) -> int:
+    """Speculation on the vector width (`vector`: f32 elements per vector of the target, 16 with
+    AVX-512): a loop whose innermost loops (the ones LLVM vectorises) run to a dynamic bound
+    (softmax over the sequence) is generated twice; host code runs the "no tail" version, in
+    which each such bound reads `n & -vector` (the same value when it holds, so the vector loop
+    needs no scalar remainder), when every such bound divides by the vector, and the "tail"
+    version (vector body plus scalar remainder) otherwise. A bound the shape facts prove
     divisible (`dims.expose_divisibility` masked a read of it) just reads the masked value, in
     one version. Returns the number of loops versioned."""
     versioned = 0
@@ -443,18 +440,18 @@ def version_vector_tails(module: ir.Module) -> int:
                 if (int_constant(lb) == 0 and int_constant(step) == 1 and int_constant(ub) is None
                         and defined_outside(ub, loop) and ub not in bounds):
                     bounds.append(ub)
-        proven = {i: m for i, ub in enumerate(bounds) if (m := _proven_multiple(ub)) is not None}
+        proven = {i: m for i, ub in enumerate(bounds) if (m := _proven_multiple(ub, vector)) is not None}
         _read_as(loop, bounds, proven)
         bounds = [ub for i, ub in enumerate(bounds) if i not in proven]
         if not bounds:
             continue
         with ir.InsertionPoint(loop), loop.location:
-            low, zero = index_constant(VECTOR - 1), index_constant(0)
+            low, zero = index_constant(vector - 1), index_constant(0)
             divides = None
             for ub in bounds:
                 check = index_compare("eq", _binary("arith.andi", ub, low), zero)
                 divides = check if divides is None else _binary("arith.andi", divides, check)
-            masked = {i: _binary("arith.andi", ub, index_constant(-VECTOR)) for i, ub in enumerate(bounds)}
+            masked = {i: _binary("arith.andi", ub, index_constant(-vector)) for i, ub in enumerate(bounds)}
         _versions(loop, divides, ("no tail", "tail"))
         _read_as(loop, bounds, masked)
         versioned += 1
@@ -480,24 +477,24 @@ def _read_as(op: ir.Operation, values: list[ir.Value], replacements: dict[int, i
                 inner.operands[k] = replacements[values.index(v)]
 
 
-def _proven_multiple(v: ir.Value) -> ir.Value | None:
+def _proven_multiple(v: ir.Value, vector: int) -> ir.Value | None:
     """`v & -p` (p a multiple of the vector width) when the host code computes it because the
     shape facts proved `v` divisible by p (`dims.expose_divisibility`: the mask carries the
     fact); `v` itself when it is such a mask."""
-    if _fact_mask(v):
+    if _fact_mask(v, vector):
         return v
     for use in v.uses:
         owner = operation(use.owner)
-        if owner.name == "arith.andi" and owner.operands[0] == v and _fact_mask(owner.result):
+        if owner.name == "arith.andi" and owner.operands[0] == v and _fact_mask(owner.result, vector):
             return owner.result
     return None
 
 
-def _fact_mask(v: ir.Value) -> bool:
+def _fact_mask(v: ir.Value, vector: int) -> bool:
     if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.andi" or not facts_relied_on(operation(v.owner)):
         return False
     mask = int_constant(operation(v.owner).operands[1])
-    return mask is not None and mask < 0 and (-mask) % VECTOR == 0
+    return mask is not None and mask < 0 and (-mask) % vector == 0
 
 
 def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -> ir.Operation:
@@ -543,7 +540,7 @@ def _column_reduction(loop: ir.Operation) -> ir.Operation | None:
     return red if any(v == n for v in last) and not any(v == m for v in last) else None
 
 
-def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
+def _column_schedule(loop: ir.Operation, red: ir.Operation, columns_per_block: int) -> None:
     """parallel (..., n) { pre; for m { body }; post } ->
     parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }
     (with `for m` a perfect nest of reduction loops, the column loop goes inside the innermost)"""
@@ -553,7 +550,7 @@ def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
     ops = [o.operation for o in old.operations][:-1]
     i = ops.index(red)
     with ir.InsertionPoint(loop), loop.location:
-        block = index_constant(COLUMN_BLOCK)
+        block = index_constant(columns_per_block)
         count = _binary("arith.ceildivsi", _binary("arith.subi", ub, lb), block)
         new, body = _new_loop(bounds[:-1] + [(index_constant(0), count, index_constant(1))])
     for a, b in zip(list(old.arguments)[:-1], list(body.arguments)[:-1]):
@@ -592,15 +589,16 @@ def _column_schedule(loop: ir.Operation, red: ir.Operation) -> None:
     _replace(loop, new)
 
 
-def schedule_column_reductions(module: ir.Module) -> int:
+def schedule_column_reductions(module: ir.Module, vector: int) -> int:
     """Speculation on the reduction schedule. A loop whose rows reduce along a dim that is not
     the innermost (a column reduction: a sum over the sequence of [b, s, h], over the batch of
     [n, h]) walks its input a whole row apart per step when each column runs its own reduction
     loop (the "row" schedule). The "column" schedule splits the columns into blocks and runs, per
     block, the reduction loop outside a contiguous, vectorisable loop over the block's columns,
     accumulating in the output row (which stays in L1). Host code runs the column version when
-    the innermost extent is at least one vector wide, the row version otherwise; each is its own
-    kernel, so the statistics say which ran. Runs before rows are collapsed. Returns the count."""
+    the innermost extent is at least one vector wide (`vector`: f32 elements per vector of the
+    target), the row version otherwise; each is its own kernel, so the statistics say which ran.
+    Runs before rows are collapsed. Returns the count."""
     changed = 0
     for loop in _top_loops(module):
         red = _column_reduction(loop)
@@ -608,9 +606,9 @@ def schedule_column_reductions(module: ir.Module) -> int:
             continue
         lb, ub, _ = loop_bounds(loop)[-1]
         with ir.InsertionPoint(loop), loop.location:
-            wide = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(COLUMN_MIN))
+            wide = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(vector))
         _versions(loop, wide, ("column", "row"))
-        _column_schedule(loop, _column_reduction(loop))
+        _column_schedule(loop, _column_reduction(loop), COLUMN_VECTORS * vector)
         changed += 1
     return changed
 

@@ -36,6 +36,7 @@ from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
 from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
+from ..targets import Target
 
 FLATTEN = "inline{default-pipeline=}, symbol-dce"
 # torch-mlir's StableHLO computes shapes with the shape dialect; its broadcast constraints were
@@ -76,13 +77,14 @@ class LoweredModule:
         return GUARD_FUNCTION if self.assertions else None
 
 
-def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, frontend_facts: tuple[str, ...] = (),
+def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, target: Target, frontend_facts: tuple[str, ...] = (),
                     frontend_unchecked: tuple[str, ...] = (), constraints: tuple[str, ...] = (),
                     buffer_reuse: bool = True, params: tuple[np.ndarray | Deferred, ...] = ()) -> LoweredModule:
-    """`frontend_facts` the frontend checks itself (JAX's); `frontend_unchecked` it knows but does
-    not check (torch.export's dim ranges); `constraints` the user's. The last two get guards.
-    `params`: the entry's arguments after the signature's (the frontend's weights: their data, or
-    `Deferred` for those the caller writes into the artifact itself)."""
+    """`target`: a CPU target, whose vector width the loops are specialised for. `frontend_facts`
+    the frontend checks itself (JAX's); `frontend_unchecked` it knows but does not check
+    (torch.export's dim ranges); `constraints` the user's. The last two get guards. `params`: the
+    entry's arguments after the signature's (the frontend's weights: their data, or `Deferred`
+    for those the caller writes into the artifact itself)."""
     with module.context, ir.Location.unknown():
         # 0. user constraints, #stablehlo.bounds and the constraints a saved module carries become shape
         #    assertions (checked by the guard)
@@ -141,13 +143,13 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, fr
         #    whose rows they consume; rows are what the thread pool splits
         fuse_loops(module)
         fuse_epilogues(module)
-        schedule_column_reductions(module)
+        schedule_column_reductions(module, target.vector_elements())
         collapse_rows(module)
         accumulate_in_registers(module)
         hoist_invariant_loads(module)
         keep_exp_vectorised(module)
         integer_powers_as_products(module)
-        version_vector_tails(module)
+        version_vector_tails(module, target.vector_elements())
         version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded

@@ -1,18 +1,29 @@
-"""Code generation targets. Targets differ by data (a capability table), not by copies of the
-emission path: the host x86 target is the one implemented so far."""
+"""Code generation targets. Targets differ by data (`Target`), not by copies of the emission
+path: the pipeline reads the widths it specialises loops for from the target, and `build.py`
+branches on `Target.kind` in one place. The host x86 target is the one code is generated for so
+far; the CUDA and ROCm targets are described (`"cuda"`, `"cuda:sm_80"`, `"rocm:gfx942"`) and
+rejected at that branch with a clear error until their lowering exists."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    name: str
-    triple: str
-    cpu: str
-    features: str
-    vector_bits: int
+    name: str          # what the user asked for, resolved: "x86", "cuda:sm_90", "rocm:gfx942"
+    kind: str          # "cpu", "cuda" or "rocm"
+    triple: str        # LLVM target triple of the code (the device's, for GPUs)
+    cpu: str           # the processor (`llc -mcpu`): the host's CPU name, sm_XX or gfxNNN
+    features: str      # LLVM target features
+    vector_bits: int   # CPU: the vector width loops are specialised for; GPU: 0
+    warp_size: int = 0     # GPU: threads that execute in lockstep (a warp, a wavefront)
+    isa_version: int = 0   # CUDA: the PTX ISA version (80 = 8.0); ROCm: the code object version
+
+    def vector_elements(self, element_bits: int = 32) -> int:
+        """Elements of `element_bits` in one vector of the loops (1 where there are no vectors)."""
+        return max(self.vector_bits // element_bits, 1)
 
 
 def host_target() -> Target:
@@ -27,15 +38,41 @@ def host_target() -> Target:
         # LLVM's tuning for AVX-512 cores keeps the loop vectoriser at 256 bits; 512 ran libmvec's
         # tanh twice as fast and GELU-tanh 2.3x, exp and softmax 1.3x, copies alike (6.3M f32)
         flat += ",-prefer-256-bit"
-    return Target("x86", llvm.get_process_triple(), llvm.get_host_cpu_name(), flat, vector_bits)
+    return Target("x86", "cpu", llvm.get_process_triple(), llvm.get_host_cpu_name(), flat, vector_bits)
 
 
-TARGETS = {"x86": host_target}
+# the GPUs a target name may choose, with the ISA each needs at least: PTX 8.0 covers sm_90 (and
+# CUDA 12 drivers and later, which the GPU machines have); code object v5 loads on ROCm 6
+_CUDA_ARCHS = {"sm_70": 63, "sm_75": 63, "sm_80": 70, "sm_86": 71, "sm_89": 78, "sm_90": 80}
+_ROCM_ARCHS = ("gfx90a", "gfx942")
+
+
+def _cuda_target(arch: str) -> Target:
+    return Target(f"cuda:{arch}", "cuda", "nvptx64-nvidia-cuda", arch, "+ptx80", 0, warp_size=32, isa_version=80)
+
+
+def _rocm_target(arch: str) -> Target:
+    return Target(f"rocm:{arch}", "rocm", "amdgcn-amd-amdhsa", arch, "", 0, warp_size=64, isa_version=5)
+
+
+TARGETS = {"x86": (host_target, None, ()), "cuda": (_cuda_target, "sm_90", tuple(_CUDA_ARCHS)),
+           "rocm": (_rocm_target, "gfx942", _ROCM_ARCHS)}
 
 
 def get_target(name: str) -> Target:
-    if name not in TARGETS:
-        from ..errors import CompileError
+    """The target a name describes: "x86" (the host), "cuda" or "cuda:<sm_XX>", "rocm" or
+    "rocm:<gfxNNN>"."""
+    from ..errors import CompileError
 
-        raise CompileError(f"unknown target '{name}'; known targets: {', '.join(sorted(TARGETS))}")
-    return TARGETS[name]()
+    kind, _, chip = name.partition(":")
+    if kind not in TARGETS or not re.fullmatch(r"[a-z0-9_]*", chip):
+        raise CompileError(f"unknown target '{name}'; known targets: x86, cuda[:<sm_XX>], rocm[:<gfxNNN>]")
+    make, default, chips = TARGETS[kind]
+    if default is None:
+        if chip:
+            raise CompileError(f"target '{name}': the x86 target is always the host's processor, it takes no ':<chip>'")
+        return make()
+    chip = chip or default
+    if chip not in chips:
+        raise CompileError(f"target '{name}': unknown {kind} chip '{chip}'; known: {', '.join(chips)}")
+    return make(chip)
