@@ -260,14 +260,14 @@ def _conv_call(t: Text, op: ir.Operation, in_dims: list[str], out_dims: list[str
     w, w_type = identity_buffer(t, "%a1", rhs_t, elem)
     result_mtype = f"memref<?x{out_features}x?x{elem}>"
     result = t(f"memref.alloc({out_dims[0]}, {positions}) : {result_mtype}")
-    sizes = [out_dims[0], t.const(rhs_t.shape[1]), t.const(out_features)]
+    sizes = [out_dims[0], in_dims[1], t.const(rhs_t.shape[1]), t.const(out_features)]  # the input's features, the kernel's
     geometry = (spatial(in_dims[2:], 1) + spatial(out_dims[2:], 1) + spatial(list(rhs_t.shape[2:]), 1) + spatial(strides, 1)
                 + spatial(padding[::2], 0) + spatial(lhs_dil, 1) + spatial(rhs_dil, 1))
     ints = [t(f"arith.index_cast {v} : index to i64") for v in sizes + geometry]
     pointers = [pointer(t, x, x_type, elem), pointer(t, w, w_type, elem), pointer(t, result, result_mtype, elem)]
     fn = f"disc_ral_conv_{elem}"
-    sig = f"({', '.join(['i64'] * 3 + ['!llvm.ptr'] * 3 + ['i64'] * 21)}) -> ()"
-    t.emit(f"func.call @{fn}({', '.join(ints[:3] + pointers + ints[3:])}) : {sig}")
+    sig = f"({', '.join(['i64'] * 4 + ['!llvm.ptr'] * 3 + ['i64'] * 21)}) -> ()"
+    t.emit(f"func.call @{fn}({', '.join(ints[:4] + pointers + ints[4:])}) : {sig}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     flat = t(f"bufferization.to_tensor {result} restrict writable : {result_mtype} to tensor<?x{out_features}x?x{elem}>")
     flat_type = f"tensor<?x{out_features}x{'?' if any(out_t.is_dynamic_dim(2 + s) for s in range(n)) else _static_product(out_t.shape[2:])}x{elem}>"

@@ -828,9 +828,9 @@ static int64_t conv_index(const conv_dim *d, int64_t o, int64_t z) {
           } else {                                                                                \
             int64_t lo = lo2 < o2 ? o2 : (lo2 < end ? lo2 : end), hi = hi2 < lo ? lo : (hi2 < end ? hi2 : end); \
             for (int64_t o = o2; o < lo; o++) dst[o - o2] = 0;                                    \
-            if (d[2].stride == 1)                                                                 \
+            if (d[2].stride == 1 && hi > lo)                                                      \
               memcpy(dst + lo - o2, row + lo + off2, (size_t)(hi - lo) * sizeof(T));              \
-            else                                                                                  \
+            else if (d[2].stride != 1)                                                            \
               for (int64_t o = lo; o < hi; o++) dst[o - o2] = row[o * d[2].stride + off2];        \
             for (int64_t o = hi; o < end; o++) dst[o - o2] = 0;                                   \
           }                                                                                       \
@@ -892,18 +892,23 @@ static void conv_slots(void *data, int64_t lo, int64_t hi) {
  * (all dims but the last) [0, rows) with `epilogue_data`: behind each block of patch columns
  * when the blocks hold whole rows, else after the convolution as an ordinary parallel loop of
  * `work` scalar iterations. */
-static void conv_run(const void *key, const char *name, conv_job *g, int64_t rows, int64_t work) {
+static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c, int64_t rows, int64_t work) {
   ral_context *ctx = tls_context;
-  char message[160];
+  char message[192];
   size_t elem = g->is_double ? sizeof(double) : sizeof(float);
-  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
-    snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
-    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+  int valid = g->batch >= 0 && g->in_c >= 0 && g->out_c >= 0;
+  for (int i = 0; i < 3; i++)
+    valid &= g->d[i].in >= 0 && g->d[i].out >= 0 && g->d[i].window >= 0 && g->d[i].stride >= 1 && g->d[i].lhs_dil >= 1 &&
+             g->d[i].rhs_dil >= 1;
+  if (!valid || x_c != g->in_c) {
+    snprintf(message, sizeof message, valid ? "%s: the input has %lld features, the kernel %lld" : "%s: invalid sizes, strides or dilations",
+             name, (long long)x_c, (long long)g->in_c);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
-  g->rt = ctx->rt;
   g->positions = g->d[0].out * g->d[1].out * g->d[2].out;
-  int64_t output_rows = g->d[2].out ? g->batch * g->out_c * (g->positions / g->d[2].out) : 0;
+  g->k = g->in_c * g->d[0].window * g->d[1].window * g->d[2].window;
+  int64_t output_rows = g->batch * g->out_c * g->d[0].out * g->d[1].out; /* the rows of the output's last dim */
   if (g->epilogue && rows != output_rows) {
     snprintf(message, sizeof message, "%s: epilogue over %lld rows of an output with %lld", name, (long long)rows,
              (long long)output_rows);
@@ -916,6 +921,12 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t row
     if (epilogue) disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
     return;
   }
+  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
+    snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
+    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+    return;
+  }
+  g->rt = ctx->rt;
   if (g->k > INT32_MAX || g->positions > INT32_MAX || g->out_c > INT32_MAX) {
     snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
@@ -939,7 +950,7 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t row
   g->rows_per_block = (g->out_c + g->row_blocks - 1) / g->row_blocks;
   g->row_blocks = (g->out_c + g->rows_per_block - 1) / g->rows_per_block;
   g->tasks = pieces * g->row_blocks;
-  int pooled = g->tasks > 1 && g->batch * g->out_c * g->positions * g->k >= (1 << 18);
+  int pooled = g->tasks > 1 && (double)g->batch * (double)g->out_c * (double)g->positions * (double)g->k >= (1 << 18);
   int slots = pooled ? threads : 1;
   g->direct = 1;
   for (int i = 0; i < 3; i++)
@@ -972,13 +983,12 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t row
                         {in1, out1, win1, stride1, pad1, lhs1, rhs1},                                    \
                         {in2, out2, win2, stride2, pad2, lhs2, rhs2}},                                   \
                   .epilogue = epilogue, .epilogue_data = epilogue_data};                                 \
-    g.k = in_c * win0 * win1 * win2;                                                                     \
     atomic_init(&g.epilogue_ns, 0);                                                                      \
-    conv_run((const void *)NAME, #NAME, &g, rows, work);                                                 \
+    conv_run((const void *)NAME, #NAME, &g, x_c, rows, work);                                            \
   }                                                                                                      \
   void NAME(DISC_RAL_CONV_ARGS(T)) {                                                                     \
-    NAME##_epilogue(batch, in_c, out_c, x, w, y, in0, in1, in2, out0, out1, out2, win0, win1, win2, stride0, stride1, \
-                    stride2, pad0, pad1, pad2, lhs0, lhs1, lhs2, rhs0, rhs1, rhs2, NULL, NULL, 0, 0);      \
+    NAME##_epilogue(batch, x_c, in_c, out_c, x, w, y, in0, in1, in2, out0, out1, out2, win0, win1, win2, stride0, \
+                    stride1, stride2, pad0, pad1, pad2, lhs0, lhs1, lhs2, rhs0, rhs1, rhs2, NULL, NULL, 0, 0); \
   }
 
 DEFINE_CONV(disc_ral_conv_f32, float, 0)

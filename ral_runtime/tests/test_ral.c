@@ -304,7 +304,7 @@ static int conv_matches(ral_context *ctx, int64_t batch, int64_t in_c, int64_t o
   /* with an epilogue adding 1 to each row of the output ([batch, out_c, oh] rows of ow) */
   atomic_int *seen = calloc((size_t)(batch * out_c * oh), sizeof(atomic_int));
   epilogue_data e = {.c = y, .n = ow, .seen = seen};
-  disc_ral_conv_f32_epilogue(batch, in_c, out_c, x, k, y, 1, h, w, 1, oh, ow, 1, kh, kw, 1, sh, sw, 0, ph, pw, 1, lh, lw, 1, rh, rw,
+  disc_ral_conv_f32_epilogue(batch, in_c, in_c, out_c, x, k, y, 1, h, w, 1, oh, ow, 1, kh, kw, 1, sh, sw, 0, ph, pw, 1, lh, lw, 1, rh, rw,
                              add_one, &e, batch * out_c * oh, batch * out_c * oh * ow);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t i = 0; i < batch * out_c * oh; i++) ok &= atomic_load(&seen[i]) == 1;
@@ -329,6 +329,20 @@ static int conv_matches(ral_context *ctx, int64_t batch, int64_t in_c, int64_t o
   return ok;
 }
 
+/* Whether the convolution rejects (RAL_ERR_INVALID_ARGUMENT, nothing written) an input with x_c
+ * features for a kernel of 1, the given stride and input dilation. */
+static int conv_rejected(ral_runtime *rt, int64_t x_c, int64_t in_c, int64_t stride, int64_t lhs) {
+  ral_context *ctx;
+  if (ral_context_create(rt, &ctx) != RAL_OK) return 0;
+  ral_context *prev = ral_context_enter(ctx);
+  float x[2] = {1, 1}, k = 1, y = 7;
+  disc_ral_conv_f32(1, x_c, in_c, 1, x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, stride, 0, 0, 0, 1, 1, lhs, 1, 1, 1);
+  int ok = ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT && y == 7;
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
+  return ok;
+}
+
 static void test_conv(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -350,11 +364,25 @@ static void test_conv(ral_runtime *rt, int have_blas) {
     ral_kernel_stats((const void *)add_one, &st);
     CHECK(st.calls - before.calls == 8 && st.fused_calls - before.fused_calls == 6); /* after: no features, parts of rows */
     float x = 1, k = 1, y = 0;
-    disc_ral_conv_f32_epilogue(1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, add_one, NULL, 2, 2);
+    disc_ral_conv_f32_epilogue(1, 1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, add_one, NULL, 2, 2);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != the output's */
+    CHECK(conv_rejected(rt, 2, 1, 1, 1)); /* the input's features are not the kernel's */
+    CHECK(conv_rejected(rt, 1, 1, 0, 1)); /* stride 0 */
+    CHECK(conv_rejected(rt, 1, 1, 1, 0)); /* input dilation 0 */
+    /* an empty last output dim (an input narrower than the window): the epilogue still runs over
+     * the output's other rows */
+    ral_context *empty;
+    CHECK(ral_context_create(rt, &empty) == RAL_OK);
+    ral_context_enter(empty);
+    atomic_int seen[3] = {0};
+    epilogue_data e = {.c = &y, .n = 0, .seen = seen};
+    disc_ral_conv_f32_epilogue(1, 1, 1, 1, &x, &k, &y, 1, 3, 2, 1, 3, 0, 1, 1, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, add_one, &e, 3, 0);
+    CHECK(ral_context_status(empty) == RAL_OK && seen[0] == 1 && seen[2] == 1);
+    ral_context_enter(ctx);
+    ral_context_destroy(empty);
   } else {
     float x = 1, k = 1, y = 0;
-    disc_ral_conv_f32(1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1);
+    disc_ral_conv_f32(1, 1, 1, 1, &x, &k, &y, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1);
     CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
   }
   ral_context_enter(prev);

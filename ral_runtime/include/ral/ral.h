@@ -145,17 +145,18 @@ void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t
                                 int64_t sc_b, int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 
 /* Channels-first convolution y = x (*) w, up to three spatial dims (fewer: leading ones of size
- * 1): x [batch, in_c, in0, in1, in2], w [out_c, in_c, win0, win1, win2], y [batch, out_c, out0,
+ * 1): x [batch, x_c, in0, in1, in2], w [out_c, in_c, win0, win1, win2], y [batch, out_c, out0,
  * out1, out2], all contiguous. Output position o of a spatial dim reads input index
  * (o * stride + z * rhs - pad) / lhs at window position z, zero where that is outside the input
  * or not a multiple of the input dilation `lhs` (pad: the low padding, may be negative). Runs as
  * GEMMs of the kernel (out_c x in_c * window) by blocks of patch columns built into cache, on
- * the pool. */
-#define DISC_RAL_CONV_ARGS(T)                                                                          \
-  int64_t batch, int64_t in_c, int64_t out_c, const T *x, const T *w, T *y, int64_t in0, int64_t in1,  \
-      int64_t in2, int64_t out0, int64_t out1, int64_t out2, int64_t win0, int64_t win1, int64_t win2, \
-      int64_t stride0, int64_t stride1, int64_t stride2, int64_t pad0, int64_t pad1, int64_t pad2,     \
-      int64_t lhs0, int64_t lhs1, int64_t lhs2, int64_t rhs0, int64_t rhs1, int64_t rhs2
+ * the pool. Negative sizes, strides or dilations below 1, and an input whose feature count x_c
+ * is not the kernel's in_c fail the context with RAL_ERR_INVALID_ARGUMENT before anything runs. */
+#define DISC_RAL_CONV_ARGS(T)                                                                              \
+  int64_t batch, int64_t x_c, int64_t in_c, int64_t out_c, const T *x, const T *w, T *y, int64_t in0,      \
+      int64_t in1, int64_t in2, int64_t out0, int64_t out1, int64_t out2, int64_t win0, int64_t win1,      \
+      int64_t win2, int64_t stride0, int64_t stride1, int64_t stride2, int64_t pad0, int64_t pad1,         \
+      int64_t pad2, int64_t lhs0, int64_t lhs1, int64_t lhs2, int64_t rhs0, int64_t rhs1, int64_t rhs2
 void disc_ral_conv_f32(DISC_RAL_CONV_ARGS(float));
 void disc_ral_conv_f64(DISC_RAL_CONV_ARGS(double));
 /* The same with an epilogue: a parallel loop body over the output's rows (all dims but the last,
