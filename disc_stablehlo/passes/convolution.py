@@ -30,7 +30,7 @@ from torch_mlir._mlir_libs import _stablehlo
 
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
-from .dynamic_ops import _elem, _pad
+from .dynamic_ops import _elem, _pad, padded_size
 from .library_calls import GEMM_ELEMENT_TYPES, _static_product, identity_buffer, pointer
 from .lower import Text, register_template
 
@@ -92,10 +92,7 @@ def _convolution(op, t: Text, state):
         out_dims[dn.output_batch_dimension] = in_dims[dn.input_batch_dimension]
     for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
         if out_dims[od] is None:
-            before = t(f"arith.maxsi {t(f'arith.subi {in_dims[idim]}, {t.const(1)} : index')}, {t.const(0)} : index")
-            gaps = t(f"arith.muli {before}, {t.const(lhs_dil[s] - 1)} : index")
-            edges = t.const(padding[2 * s] + padding[2 * s + 1])
-            size = t(f"arith.addi {t(f'arith.addi {in_dims[idim]}, {gaps} : index')}, {edges} : index")
+            size = padded_size(t, in_dims[idim], t.const(padding[2 * s]), t.const(padding[2 * s + 1]), t.const(lhs_dil[s] - 1))
             reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
             steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")

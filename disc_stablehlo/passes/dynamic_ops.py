@@ -219,6 +219,15 @@ def _dynamic_iota(op, t: Text, state):
     return [_generic(t, op.result.type, dims, body, v)]
 
 
+def padded_size(t: Text, size: str, low: str, high: str, interior: str) -> str:
+    """A dim of `size` elements after edge padding `low` and `high` (may be negative) and
+    `interior` padding between elements (index values)."""
+    minus_one = t(f"arith.subi {size}, {t.const(1)} : index")
+    gaps = t(f"arith.muli {t(f'arith.maxsi {minus_one}, {t.const(0)} : index')}, {interior} : index")
+    edges = t(f"arith.addi {low}, {high} : index")
+    return t(f"arith.addi {edges}, {t(f'arith.addi {size}, {gaps} : index')} : index")
+
+
 def _pad(t: Text, src: str, src_type: ir.Type, pad_value: str, result_type: ir.Type | str,
          lows: list[int | str], highs: list[int | str], interiors: list[int | str]) -> str:
     """Pads `src` with the scalar `pad_value`: lows/highs may be negative, interior >= 0 (index
@@ -240,13 +249,7 @@ def _pad(t: Text, src: str, src_type: ir.Type, pad_value: str, result_type: ir.T
         return t(f"tensor.insert_slice {src} into {filled}[{', '.join(map(str, lows))}] [{sizes}] [{', '.join(['1'] * rank)}] "
                  f": {src_type} into {result_type}")
     lows, highs, interiors = ([e if isinstance(e, str) else t.const(e) for e in es] for es in (lows, highs, interiors))
-    out_dims = []
-    for i in range(rank):
-        minus_one = t(f"arith.subi {in_dims[i]}, {t.const(1)} : index")
-        gaps = t(f"arith.muli {t(f'arith.maxsi {minus_one}, {t.const(0)} : index')}, {interiors[i]} : index")
-        edges_i = t(f"arith.addi {lows[i]}, {highs[i]} : index")
-        total = t(f"arith.addi {edges_i}, {t(f'arith.addi {in_dims[i]}, {gaps} : index')} : index")
-        out_dims.append(total)
+    out_dims = [padded_size(t, in_dims[i], lows[i], highs[i], interiors[i]) for i in range(rank)]
     body, conds, idx = [], [], []
     for i in range(rank):
         step = t(f"arith.addi {interiors[i]}, {t.const(1)} : index")

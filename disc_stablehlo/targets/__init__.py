@@ -41,9 +41,9 @@ def host_target() -> Target:
     return Target("x86", "cpu", llvm.get_process_triple(), llvm.get_host_cpu_name(), flat, vector_bits)
 
 
-# the GPUs a target name may choose, with the ISA each needs at least: PTX 8.0 covers sm_90 (and
-# CUDA 12 drivers and later, which the GPU machines have); code object v5 loads on ROCm 6
-_CUDA_ARCHS = {"sm_70": 63, "sm_75": 63, "sm_80": 70, "sm_86": 71, "sm_89": 78, "sm_90": 80}
+# the GPUs a target name may choose: PTX 8.0 covers all of these (and CUDA 12 drivers and later,
+# which the GPU machines have, run it); code object v5 loads on ROCm 6
+_CUDA_ARCHS = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 _ROCM_ARCHS = ("gfx90a", "gfx942")
 
 
@@ -55,7 +55,7 @@ def _rocm_target(arch: str) -> Target:
     return Target(f"rocm:{arch}", "rocm", "amdgcn-amd-amdhsa", arch, "", 0, warp_size=64, isa_version=5)
 
 
-TARGETS = {"x86": (host_target, None, ()), "cuda": (_cuda_target, "sm_90", tuple(_CUDA_ARCHS)),
+TARGETS = {"x86": (host_target, None, ()), "cuda": (_cuda_target, "sm_90", _CUDA_ARCHS),
            "rocm": (_rocm_target, "gfx942", _ROCM_ARCHS)}
 
 
