@@ -508,8 +508,8 @@ def test_transposed_gemm_operands_are_read_in_place():
     assert [(k.kind, k.ops) for k in h.kernels] == [("elementwise", ("arith.mulf",))], h.kernels
     scores, context = (call.split(", ") for call in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", h.llvm_ir))
     # the scaled queries and the keys at their strides in [b, s, 4, 16]: a head 16 floats on, a row 64
-    assert scores[7:10] == ["i64 16", "i64 64", "i64 1"] and scores[12:15] == ["i64 16", "i64 1", "i64 64"], scores
-    assert context[12:15] == ["i64 16", "i64 64", "i64 1"] and context[17:] == ["i64 16", "i64 64"], context
+    assert scores[7:11] == ["i64 16", "i64 1", "i64 64", "i64 1"] and scores[13:17] == ["i64 16", "i64 1", "i64 1", "i64 64"], scores
+    assert context[13:17] == ["i64 16", "i64 1", "i64 64", "i64 1"] and context[19:] == ["i64 16", "i64 64"], context
     g = disc.compile(reordered, *specs_for([(("b", "s", 8), np.float32), (("s", 5), np.float32)], "b, s"))
     assert {k.kind for k in g.kernels} == {"copy"}
     for b, s in [(1, 1), (2, 7), (3, 33)]:
@@ -519,6 +519,50 @@ def test_transposed_gemm_operands_are_read_in_place():
         np.testing.assert_allclose(h(q, k, v), scaled(q, k, v), rtol=1e-4, atol=1e-4)
         x, w = rng.standard_normal((b, s, 8)).astype(np.float32), rng.standard_normal((s, 5)).astype(np.float32)
         np.testing.assert_allclose(g(x, w), reordered(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_reads_each_key_value_head_once_per_group():
+    """Keys and values with 2 heads repeated for 8 query heads (`jnp.repeat`: a new dim broadcast
+    to 4 and merged with the heads) are read where they are, each head serving 4 query heads
+    (the GEMM's group of the operand): no copy, no loop. JAX puts the values first in the
+    context's product ([b, heads, dim, q]); transposed to [b, q, heads, dim] the GEMM swaps its
+    operands to write it in place. A broadcast that also expands another dim, or whose repeats
+    are the outer part of the heads (`jnp.tile`), is not a group and is still copied."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    def attention(q, k, v, tile=False, context="bqhd"):
+        k, v = ((jnp.tile(t, (1, 1, 4, 1)) if tile else jnp.repeat(t, 4, axis=2)) for t in (k, v))
+        p = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        return jnp.einsum(f"bhqk,bkhd->{context}", p, v)
+
+    def shared(q, k, v):  # the batch broadcast too: one key/value sequence for every batch entry
+        b = q.shape[0]
+        return attention(q, jnp.broadcast_to(k, (b, *k.shape[1:])), jnp.broadcast_to(v, (b, *v.shape[1:])))
+
+    def groups(f):  # each GEMM's groups of A and of B
+        return [(c.split(", ")[8], c.split(", ")[14]) for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", f.llvm_ir)]
+
+    specs = specs_for([(("b", "s", 8, 16), np.float32), (("b", "s", 2, 16), np.float32), (("b", "s", 2, 16), np.float32)], "b, s")
+    f = disc.compile(attention, *specs)
+    values_first = disc.compile(lambda q, k, v: attention(q, k, v, context="bhdq"), *specs)
+    assert f.kernels == [] and values_first.kernels == [], (f.kernels, values_first.kernels)
+    assert groups(f) == [("i64 1", "i64 4")] * 2, groups(f)  # the values are B: swapped
+    assert groups(values_first) == [("i64 1", "i64 4"), ("i64 4", "i64 1")], groups(values_first)
+    tiled = disc.compile(lambda q, k, v: attention(q, k, v, tile=True), *specs)
+    shared_specs = specs_for([(("b", "s", 8, 16), np.float32), ((1, "s", 2, 16), np.float32), ((1, "s", 2, 16), np.float32)], "b, s")
+    g = disc.compile(shared, *shared_specs)
+    for h in (tiled, g):
+        assert h.kernels, "the repeated keys and values are materialised"
+        assert groups(h) == [("i64 1", "i64 1")] * 2, groups(h)
+    for b, s in [(1, 1), (2, 7), (3, 33)]:
+        rng = np.random.default_rng(b + s)
+        q = rng.standard_normal((b, s, 8, 16)).astype(np.float32)
+        k, v = (rng.standard_normal((b, s, 2, 16)).astype(np.float32) for _ in range(2))
+        np.testing.assert_allclose(f(q, k, v), attention(q, k, v), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(values_first(q, k, v), attention(q, k, v, context="bhdq"), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tiled(q, k, v), attention(q, k, v, tile=True), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(g(q, k[:1], v[:1]), shared(q, k[:1], v[:1]), rtol=1e-4, atol=1e-4)
 
 
 def test_a_gemm_operand_read_again_later_is_not_overwritten_in_between():

@@ -303,10 +303,42 @@ def test_attention_heads_need_no_transpose_copies():
     # on, a row 32) and write the context there too
     calls = [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", compiled.llvm_ir)]
     scores, context = (c for c in calls if c[1] == "i64 4")
-    assert scores[7:10] == ["i64 8", "i64 32", "i64 1"] and scores[12:15] == ["i64 8", "i64 1", "i64 32"], scores
-    assert context[12:15] == ["i64 8", "i64 32", "i64 1"] and context[17:] == ["i64 8", "i64 32"], context
+    assert scores[7:11] == ["i64 8", "i64 1", "i64 32", "i64 1"] and scores[13:17] == ["i64 8", "i64 1", "i64 1", "i64 32"], scores
+    assert context[13:17] == ["i64 8", "i64 1", "i64 32", "i64 1"] and context[19:] == ["i64 8", "i64 32"], context
     for b, s in [(1, 1), (3, 7), (2, 20)]:
         x = torch.randn(b, s, 32)
+        torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_reads_shared_keys_and_values_without_repeating_them():
+    """Grouped-query attention as `transformers` writes it: 2 key/value heads expanded to the 8
+    query heads (`repeat_kv`: a size-1 dim broadcast to 4, merged into the heads). Both products
+    read each key/value head once per group of 4 query heads (the GEMM's B group) instead of
+    from a repeated copy: no kernel copies, and the context is written into [b, s, heads, dim]."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.o = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+            self.k, self.v = torch.nn.Linear(64, 16), torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.q(x).view(b, s, 8, 8).transpose(1, 2)
+            k, v = (p(x).view(b, s, 2, 8).transpose(1, 2) for p in (self.k, self.v))
+            k, v = (t[:, :, None].expand(b, 2, 4, s, 8).reshape(b, 8, s, 8) for t in (k, v))
+            ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o(ctx.transpose(1, 2).reshape(b, s, 64))
+
+    model = Attention().eval()
+    compiled = disc.compile(model, (torch.randn(2, 5, 64),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
+    assert not any(k.kind == "copy" for k in compiled.kernels), compiled.kernels
+    calls = [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", compiled.llvm_ir)]
+    scores, context = (c for c in calls if c[1] == "i64 8")
+    # keys and values in [b, s, 2, 8]: a key/value head 8 floats on, serving 4 query heads
+    assert scores[13:17] == ["i64 8", "i64 4", "i64 1", "i64 16"], scores
+    assert context[13:17] == ["i64 8", "i64 4", "i64 16", "i64 1"] and context[19:] == ["i64 8", "i64 64"], context
+    for b, s in [(1, 1), (3, 7), (2, 20)]:
+        x = torch.randn(b, s, 64)
         torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
 
 

@@ -261,7 +261,7 @@ def _conv_call(t: Text, op: ir.Operation, in_dims: list[str], out_dims: list[str
     geometry = (spatial(in_dims[2:], 1) + spatial(out_dims[2:], 1) + spatial(list(rhs_t.shape[2:]), 1) + spatial(strides, 1)
                 + spatial(padding[::2], 0) + spatial(lhs_dil, 1) + spatial(rhs_dil, 1))
     ints = [t(f"arith.index_cast {v} : index to i64") for v in sizes + geometry]
-    pointers = [pointer(t, x, x_type, elem), pointer(t, w, w_type, elem), pointer(t, result, result_mtype, elem)]
+    pointers = [pointer(t, x, x_type, elem)[0], pointer(t, w, w_type, elem)[0], pointer(t, result, result_mtype, elem)[0]]
     fn = f"disc_ral_conv_{elem}"
     sig = f"({', '.join(['i64'] * 4 + ['!llvm.ptr'] * 3 + ['i64'] * 21)}) -> ()"
     t.emit(f"func.call @{fn}({', '.join(ints[:4] + pointers + ints[4:])}) : {sig}")

@@ -23,7 +23,7 @@ from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_
 
 # the library entries with an epilogue: positions of their calls' operands (the inputs' and the
 # result's pointers, and the length of the result's rows)
-_GEMM = ((5, 10), 15, 3)  # A, B, C, n
+_GEMM = ((5, 11), 17, 3)  # A, B, C, n
 _CONV = ((4, 5), 6, 12)  # input, kernel, output, the last output dim
 _OPERANDS = {"disc_ral_gemm_f32": _GEMM, "disc_ral_gemm_f64": _GEMM, "disc_ral_conv_f32": _CONV, "disc_ral_conv_f64": _CONV}
 _CONTIGUOUS_VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.reshape")

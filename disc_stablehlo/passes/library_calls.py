@@ -19,14 +19,18 @@ GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 
-def pointer(t: Text, buffer: str, btype: str, elem: str) -> str:
-    """The address of a buffer's first element (identity layout: no offset)."""
+def pointer(t: Text, buffer: str, btype: str, elem: str) -> tuple[str, list[str]]:
+    """The address of a buffer's first element and its strides (in elements), read from the
+    buffer itself: bufferization may hand a view (a slice) where an identity layout was asked
+    for, so neither the offset nor the strides are assumed."""
     rank = ir.MemRefType(ir.Type.parse(btype)).rank
     meta = t.fresh("meta")
     sizes = ", ".join(["index"] * (1 + 2 * rank))
     t.emit(f"{meta}:{2 + 2 * rank} = memref.extract_strided_metadata {buffer} : {btype} -> memref<{elem}>, {sizes}")
     base = t(f"memref.extract_aligned_pointer_as_index {meta}#0 : memref<{elem}> -> index")
-    return t(f"llvm.inttoptr {t(f'arith.index_cast {base} : index to i64')} : i64 to !llvm.ptr")
+    first = t(f"arith.addi {base}, {t(f'arith.muli {meta}#1, {t.const(GEMM_ELEMENT_TYPES[elem])} : index')} : index")
+    address = t(f"llvm.inttoptr {t(f'arith.index_cast {first} : index to i64')} : i64 to !llvm.ptr")
+    return address, [f"{meta}#{2 + rank + i}" for i in range(rank)]
 
 
 def _product(t: Text, dims: list[str]) -> str:
@@ -73,13 +77,12 @@ def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem:
     perm = batch + rows + cols
     if (perm != list(range(rt.rank)) and len(batch) <= 2 and len(rows) <= 1 and len(cols) <= 1
             and rt.rank - 1 in rows + cols):  # the contiguous dim is the rows' or the columns'
-        buffer, mtype = identity_buffer(t, value, vtype, elem)
-        strides = [_product(t, dims[d + 1:]) for d in range(rt.rank)]
+        address, strides = pointer(t, *identity_buffer(t, value, vtype, elem), elem)
         zero = t.const(0)
         outer, inner_stride = ([zero, zero] + [strides[d] for d in batch])[-2:]
         rows_stride, cols_stride = (strides[g[0]] if g else zero for g in (rows, cols))
         sizes = [_product(t, [dims[d] for d in g]) for g in groups]
-        return pointer(t, buffer, mtype, elem), [outer, inner_stride, rows_stride, cols_stride], sizes
+        return address, [outer, inner_stride, rows_stride, cols_stride], sizes
     ttype = str(vtype)
     if perm != list(range(rt.rank)):
         ttype = f"tensor<{''.join(f'{rt.shape[p] if not rt.is_dynamic_dim(p) else chr(63)}x' for p in perm)}{elem}>"
@@ -87,10 +90,9 @@ def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem:
     sizes = [_product(t, [dims[d] for d in g]) for g in groups]
     shape = t(f"tensor.from_elements {', '.join(sizes)} : tensor<3xindex>")
     flat = t(f"tensor.reshape {value}({shape}) : ({ttype}, tensor<3xindex>) -> tensor<?x?x?x{elem}>")
-    buffer, mtype = identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem)
-    entry, row = t(f"arith.muli {sizes[1]}, {sizes[2]} : index"), sizes[2]
-    batch_strides = [t(f"arith.muli {entry}, {inner} : index"), entry] if batch else [t.const(0)] * 2
-    return pointer(t, buffer, mtype, elem), [*batch_strides, row, t.const(1)], sizes
+    address, strides = pointer(t, *identity_buffer(t, flat, ir.Type.parse(f"tensor<?x?x?x{elem}>"), elem), elem)
+    batch_strides = [t(f"arith.muli {strides[0]}, {inner} : index"), strides[0]] if batch else [t.const(0)] * 2
+    return address, [*batch_strides, strides[1], strides[2]], sizes
 
 
 def _unflatten(t: Text, c: str, elem: str, out_t: ir.RankedTensorType, group_sizes: list[int], out_dims: list[str]) -> str:
@@ -287,6 +289,48 @@ def _fold_batch_broadcast(op: ir.Operation, batch: list[int], contracting: list[
     return [dims.index(d) for d in contracting]
 
 
+def _merged_pair(op: ir.Operation) -> int | None:
+    """For a reshape the analysis proved to merge (or split) one pair of adjacent dims and keep
+    every other: the first dim of the pair on its longer side."""
+    if isinstance(op, ir.Block) or REASSOCIATION_ATTR not in op.attributes:
+        return None
+    groups = [list(ir.DenseI64ArrayAttr(g)) for g in ir.ArrayAttr(op.attributes[REASSOCIATION_ATTR])]
+    pairs = [g[0] for g in groups if len(g) == 2]
+    return pairs[0] if len(pairs) == 1 and all(len(g) <= 2 for g in groups) else None
+
+
+def _fold_grouped_broadcast(op: ir.Operation, side: int, batch: list[int]) -> bool:
+    """An operand whose inner batch dim (the last, h) merges dims g and r where r is a
+    broadcast (grouped-query attention's `repeat_kv`: keys of [b, g, s, d] expanded to
+    [b, g, r, s, d] and reshaped to [b, g * r, s, d]) is read before the broadcast: entry j of
+    the inner batch level reads entry j / r of g (the GEMM's operand group). The broadcast adds r, or
+    expands a size-1 dim that a reshape of the same operand inserted (`k[:, :, None]`); the
+    operand becomes what the broadcast or that reshape read, with the dims of the product's."""
+    if not batch:
+        return False
+    h, reshape = batch[-1], _through_same_dims(op.operands[side]).owner
+    if _merged_pair(reshape) != h or ir.RankedTensorType(reshape.operands[0].type).rank != ir.RankedTensorType(reshape.result.type).rank + 1:
+        return False
+    broadcast = reshape.operands[0].owner
+    if isinstance(broadcast, ir.Block) or broadcast.name not in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
+        return False
+    source, dims = broadcast.operands[0], int_list(broadcast, "broadcast_dimensions")
+    src_t, out_t = ir.RankedTensorType(source.type), ir.RankedTensorType(broadcast.result.type)
+    kept = set(int_list(broadcast, "known_nonexpanding_dimensions"))
+    if not all(i in kept or (not src_t.is_dynamic_dim(i) and not out_t.is_dynamic_dim(d) and src_t.shape[i] == out_t.shape[d])
+               for i, d in enumerate(dims) if d != h + 1):
+        return False  # a dim other than r may expand too
+    if dims == [d for d in range(out_t.rank) if d != h + 1]:  # r is a new dim
+        op.operands[side] = source
+        return True
+    unsqueeze = source.owner  # r expands the size-1 dim a reshape inserted
+    if (dims != list(range(out_t.rank)) or src_t.is_dynamic_dim(h + 1) or src_t.shape[h + 1] != 1
+            or _merged_pair(unsqueeze) not in (h, h + 1) or ir.RankedTensorType(unsqueeze.operands[0].type).rank != src_t.rank - 1):
+        return False
+    op.operands[side] = unsqueeze.operands[0]
+    return True
+
+
 @register_rewrite("stablehlo.dot_general", when=_is_blas_dot)
 def _dot_general(op: ir.Operation, state: LoweringState) -> None:
     elem = str(ir.RankedTensorType(op.result.type).element_type)
@@ -297,18 +341,36 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
         rb, rc = [], folded  # the right operand is the same for every batch entry: batch stride 0
     lb, lc = _fold_transpose(op, 0, lb, lc)
     rb, rc = _fold_transpose(op, 1, rb, rc)
+    # one operand may be grouped (keys or values are; queries and scores are not)
+    grouped = next((side for side, batch in ((1, rb), (0, lb)) if _fold_grouped_broadcast(op, side, batch)), None)
+    if grouped == 0:  # the keys or values before the broadcast, e.g. heads transposed
+        lb, lc = _fold_transpose(op, 0, lb, lc)
+    elif grouped == 1:
+        rb, rc = _fold_transpose(op, 1, rb, rc)
     lhs_t, rhs_t = (ir.RankedTensorType(v.type) for v in op.operands)
     lf = [d for d in range(lhs_t.rank) if d not in lb and d not in lc]
     if lb and not rb and lb + lf + lc == list(range(lhs_t.rank)):
         lb, lf = [], lb + lf  # and the left's batch entries follow each other in memory: one GEMM of all their rows
     rf = [d for d in range(rhs_t.rank) if d not in rb and d not in rc]
     t = Text()
-    inner = t.dim("%a0", lhs_t, lb[-1]) if lb else t.const(1)  # the batch's last dim: its inner level
-    pa, sa, (b, m, k) = _operand(t, "%a0", lhs_t, [lb, lf, lc], elem, inner)
-    pb, sb, (_, _, n) = _operand(t, "%a1", rhs_t, [rb, rc, rf], elem, inner)
-    out_dims = [t.dim("%a0", lhs_t, d) for d in lb + lf] + [t.dim("%a1", rhs_t, d) for d in rf]
-    users = _transposed_result(op, len(lb), len(lf), len(rf))
+    sides = [("%a0", lhs_t, lb), ("%a1", rhs_t, rb)]
+    v, vt, batch = sides[1 if grouped == 0 else 0]  # the batch dims of an operand not grouped
+    batch_dims = [t.dim(v, vt, d) for d in batch]
+    one = t.const(1)
+    inner = batch_dims[-1] if batch_dims else one  # the batch's last dim: its inner level
+    inners, groups = [inner, inner], [one, one]
+    if grouped is not None:  # entries of the grouped operand's inner level each serve `group` of the product's
+        v, vt, batch = sides[grouped]
+        inners[grouped] = t.dim(v, vt, batch[-1])
+        groups[grouped] = t(f"arith.divsi {inner}, {t(f'arith.maxsi {inners[grouped]}, {one} : index')} : index")
+    users, swap = _transposed_result(op, len(lb), len(lf), len(rf))
     consumer = users[0] if users else None
+    # A x B, or with the operands swapped C^T = B^T x A^T (rows: the right operand's free dim)
+    operands = [(0, [lb, lf, lc]), (1, [rb, rc, rf])] if not swap else [(1, [rb, rf, rc]), (0, [lb, lc, lf])]
+    (pa, sa, (_, m, k)), (pb, sb, (_, _, n)) = (_operand(t, sides[i][0], sides[i][1], g, elem, inners[i]) for i, g in operands)
+    gemm_groups = [groups[i] for i, _ in operands]
+    out_dims = batch_dims + [t.dim("%a0", lhs_t, d) for d in lf] + [t.dim("%a1", rhs_t, d) for d in rf]
+    b = _product(t, batch_dims)
     if consumer is None:  # C contiguous: [b, m, n], reshaped to the result's dims
         mc = t(f"memref.alloc({b}, {m}, {n}) : memref<?x?x?x{elem}>")
         ctype = f"memref<?x?x?x{elem}>"
@@ -322,9 +384,11 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
         mc = t(f"memref.alloc({', '.join(rdims[i] for i in range(rt.rank) if rt.is_dynamic_dim(i))}) : {ctype}")
         stride = {p: _product(t, rdims[i + 1:]) for i, p in enumerate(perm)}  # product dim -> stride in the result
         zero = t.const(0)
-        sc = ([zero, zero] + [stride[d] for d in range(len(lb))])[-2:] + [stride[len(lb)] if lf else n]
-    outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {t.const(1)} : index')} : index")
-    gemm_call(t, elem, [outer, inner, m, n, k], pa, sa, pb, sb, pointer(t, mc, ctype, elem), sc, strided=consumer is not None)
+        rows = [len(lb) + len(lf)] if swap and rf else [len(lb)] if not swap and lf else []  # the product dim of C's rows
+        sc = ([zero, zero] + [stride[d] for d in range(len(lb))])[-2:] + [stride[rows[0]] if rows else n]
+    outer = t(f"arith.divsi {b}, {t(f'arith.maxsi {inner}, {one} : index')} : index")
+    gemm_call(t, elem, [outer, inner, m, n, k], pa, sa[:2] + gemm_groups[:1] + sa[2:], pb, sb[:2] + gemm_groups[1:] + sb[2:],
+              pointer(t, mc, ctype, elem)[0], sc, strided=consumer is not None)
     name = state.fresh_symbol("gemm")
     if consumer is None:
         dyn3 = f"tensor<?x?x?x{elem}>"
@@ -340,36 +404,43 @@ def _dot_general(op: ir.Operation, state: LoweringState) -> None:
 def gemm_call(t: Text, elem: str, sizes: list[str], pa: str, sa: list[str], pb: str, sb: list[str], pc: str, sc: list[str],
               strided: bool = False) -> None:
     """Emits the RAL's batched GEMM: `sizes` [outer batch, inner batch, m, n, k] (index values),
-    A, B and C by address with their element strides ([outer, inner, rows, columns] for A and B,
-    [outer, inner, rows] for C, whose columns are contiguous); `strided` when C is a transposed
-    result no epilogue may read row by row."""
+    A, B and C by address with their element strides ([outer, inner, group, rows, columns] for
+    A and B, each inner entry of which serves `group` consecutive entries of C's, and [outer,
+    inner, rows] for C, whose columns are contiguous); `strided` when C is a transposed result no
+    epilogue may read row by row."""
     ints = [t(f"arith.index_cast {d} : index to i64") for d in sizes + sa + sb + sc]
     fn = f"disc_ral_gemm_{elem}"
-    sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, !llvm.ptr, "
-           "i64, i64, i64) -> ()")
-    args = ints[:5] + [pa] + ints[5:9] + [pb] + ints[9:13] + [pc] + ints[13:]
+    sig = ("(i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, i64, !llvm.ptr, i64, i64, i64, i64, i64, "
+           "!llvm.ptr, i64, i64, i64) -> ()")
+    args = ints[:5] + [pa] + ints[5:10] + [pb] + ints[10:15] + [pc] + ints[15:]
     t.emit(f"func.call @{fn}({', '.join(args)}){f' {{{STRIDED_RESULT_ATTR}}}' if strided else ''} : {sig}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
 
 
-def _transposed_result(op: ir.Operation, batch: int, rows: int, cols: int) -> list[ir.Operation]:
+def _transposed_result(op: ir.Operation, batch: int, lhs_free: int, rhs_free: int) -> tuple[list[ir.Operation], bool]:
     """The transpose that is the product's only use (through broadcasts and reshapes that keep
-    every dim, each the only use of the one before), when the GEMM can write its result in place
-    (batch at most two dims, rows at most one, one column dim that stays the innermost): those
-    ops, the transpose first; else none."""
-    if batch > 2 or rows > 1 or cols != 1:
-        return []
+    every dim, each the only use of the one before), when the GEMM can write its result in place:
+    batch at most two dims, and a free dim of one operand that stays the innermost, the other's
+    free dims at most one: the right operand's (C's columns), or the left's (the operands swap,
+    C^T = B^T x A^T: JAX's attention context, [b, heads, dim, q] transposed to [b, q, heads,
+    dim]). Returns those ops, the transpose first, and whether the operands swap; else none."""
+    if batch > 2:
+        return [], False
     chain, v = [], op.result
     while len(uses := list(v.uses)) == 1:
         consumer = uses[0].owner
         chain.insert(0, consumer)
         if consumer.name == "stablehlo.transpose":
-            perm = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))
-            return chain if perm[-1] == batch + rows else []
+            last = list(ir.DenseI64ArrayAttr(consumer.attributes["permutation"]))[-1]
+            if rhs_free == 1 and lhs_free <= 1 and last == batch + lhs_free:
+                return chain, False
+            if lhs_free == 1 and rhs_free <= 1 and last == batch:
+                return chain, True
+            return [], False
         if not _same_dims(consumer):
-            return []
+            return [], False
         v = consumer.result
-    return []
+    return [], False
 
 
 def _is_integer_dot(op: ir.Operation) -> bool:

@@ -572,7 +572,7 @@ static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t col
 typedef struct {
   ral_runtime *rt;
   int is_double;
-  int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, sb_b, sb_i, sc_b, sc_i, ldc, rows_per_task, row_tasks, cols_per_task, col_tasks;
+  int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, a_group, sb_b, sb_i, b_group, sc_b, sc_i, ldc, rows_per_task, row_tasks, cols_per_task, col_tasks;
   int ta, tb;
   int small; /* by the runtime's kernel for few rows, not the BLAS */
   const void *a, *b;
@@ -607,8 +607,8 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
     int64_t cols = g->n - col0 < g->cols_per_task ? g->n - col0 : g->cols_per_task;
     /* columns of op(B) advance by 1 when B is not transposed, by ldb when it is */
     int64_t outer = batch / g->inner, in = batch % g->inner;
-    int64_t a_off = outer * g->sa_b + in * g->sa_i + row0 * a_row;
-    int64_t b_off = outer * g->sb_b + in * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
+    int64_t a_off = outer * g->sa_b + in / g->a_group * g->sa_i + row0 * a_row;
+    int64_t b_off = outer * g->sb_b + in / g->b_group * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
     int64_t c_off = outer * g->sc_b + in * g->sc_i + row0 * g->ldc + col0;
     if (g->small)
       g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, (const float *)g->b + b_off, g->ldb,
@@ -671,8 +671,14 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
+  if (g->a_group < 1 || g->b_group < 1) {
+    snprintf(message, sizeof message, "%s: operands shared by groups of %lld and %lld entries", name, (long long)g->a_group,
+             (long long)g->b_group);
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    return;
+  }
   ral_parallel_body epilogue = g->epilogue;
-  if (g->inner == batch && g->sb_i == 0 && batch > g->m && sa_k == 1 && g->sa_i >= g->k && g->sc_i >= g->n) {
+  if (g->inner == batch && g->sb_i == 0 && g->a_group == 1 && batch > g->m && sa_k == 1 && g->sa_i >= g->k && g->sc_i >= g->n) {
     /* one batch level sharing B (a weight), A's rows contiguous: entries and rows are
      * interchangeable, and the more numerous become the rows (a seq-first projection, [seq,
      * batch, k] x [k, n], is seq GEMMs of batch rows each; swapped, batch GEMMs of seq rows). The
@@ -730,25 +736,26 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
 }
 
-#define DEFINE_GEMM(NAME, T, IS_DOUBLE)                                                          \
-  void NAME##_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, \
-                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b,       \
-                       int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, T *c, int64_t sc_b, \
-                       int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, \
-                       int64_t rows, int64_t work) {                                             \
-    gemm_job g = {.is_double = IS_DOUBLE, .inner = inner > 0 ? inner : 1, .m = m, .n = n, .k = k, \
-                  .sa_b = sa_b, .sa_i = sa_i, .sb_b = sb_b, .sb_i = sb_i, .sc_b = sc_b,          \
-                  .sc_i = sc_i, .ldc = ldc > 0 ? ldc : 1, .a = a, .b = b, .c = c,                \
-                  .epilogue = epilogue, .epilogue_data = epilogue_data};                         \
-    g.rt = tls_context ? tls_context->rt : NULL;                                                 \
-    atomic_init(&g.epilogue_ns, 0);                                                              \
-    gemm_run((const void *)NAME, #NAME, &g, batch * inner, sa_m, sa_k, sb_k, sb_n, rows, work);  \
-  }                                                                                              \
+#define DEFINE_GEMM(NAME, T, IS_DOUBLE)                                                              \
+  void NAME##_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a,    \
+                       int64_t sa_b, int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k,      \
+                       const T *b, int64_t sb_b, int64_t sb_i, int64_t b_group, int64_t sb_k,        \
+                       int64_t sb_n, T *c, int64_t sc_b, int64_t sc_i, int64_t ldc,                  \
+                       ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work) { \
+    gemm_job g = {.is_double = IS_DOUBLE, .inner = inner > 0 ? inner : 1, .m = m, .n = n, .k = k,    \
+                  .sa_b = sa_b, .sa_i = sa_i, .a_group = a_group, .sb_b = sb_b, .sb_i = sb_i,        \
+                  .b_group = b_group, .sc_b = sc_b, .sc_i = sc_i, .ldc = ldc > 0 ? ldc : 1,          \
+                  .a = a, .b = b, .c = c, .epilogue = epilogue, .epilogue_data = epilogue_data};     \
+    g.rt = tls_context ? tls_context->rt : NULL;                                                     \
+    atomic_init(&g.epilogue_ns, 0);                                                                  \
+    gemm_run((const void *)NAME, #NAME, &g, batch * inner, sa_m, sa_k, sb_k, sb_n, rows, work);      \
+  }                                                                                                  \
   void NAME(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const T *a, int64_t sa_b, \
-            int64_t sa_i, int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b, int64_t sb_i,    \
-            int64_t sb_k, int64_t sb_n, T *c, int64_t sc_b, int64_t sc_i, int64_t ldc) {         \
-    NAME##_epilogue(batch, inner, m, n, k, a, sa_b, sa_i, sa_m, sa_k, b, sb_b, sb_i, sb_k, sb_n, c, \
-                    sc_b, sc_i, ldc, NULL, NULL, 0, 0);                                          \
+            int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const T *b, int64_t sb_b,     \
+            int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, T *c, int64_t sc_b,           \
+            int64_t sc_i, int64_t ldc) {                                                             \
+    NAME##_epilogue(batch, inner, m, n, k, a, sa_b, sa_i, a_group, sa_m, sa_k, b, sb_b, sb_i,        \
+                    b_group, sb_k, sb_n, c, sc_b, sc_i, ldc, NULL, NULL, 0, 0);                      \
   }
 
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)

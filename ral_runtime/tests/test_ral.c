@@ -122,7 +122,7 @@ static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64
   float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * n);
   for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
-  disc_ral_gemm_f32(1, 1, m, n, k, a, 0, 0, sa_m, sa_k, b, 0, 0, sb_k, sb_n, c, 0, m * n, n);
+  disc_ral_gemm_f32(1, 1, m, n, k, a, 0, 0, 1, sa_m, sa_k, b, 0, 0, 1, sb_k, sb_n, c, 0, m * n, n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t i = 0; i < m && ok; i++)
     for (int64_t j = 0; j < n; j++) {
@@ -160,10 +160,10 @@ static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int
   for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
   epilogue_data e = {.c = c, .n = n, .seen = seen};
   if (inner)
-    disc_ral_gemm_f32_epilogue(1, batch, m, n, k, a, batch * m * k, m * k, k, 1, b, 0, 0, n, 1, c, batch * m * n, m * n, n, add_one, &e,
+    disc_ral_gemm_f32_epilogue(1, batch, m, n, k, a, batch * m * k, m * k, 1, k, 1, b, 0, 0, 1, n, 1, c, batch * m * n, m * n, n, add_one, &e,
                                batch * m, batch * m * n);
   else
-    disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, k, 1, b, 0, 0, n, 1, c, m * n, m * n, n, add_one, &e, batch * m,
+    disc_ral_gemm_f32_epilogue(batch, 1, m, n, k, a, m * k, 0, 1, k, 1, b, 0, 0, 1, n, 1, c, m * n, m * n, n, add_one, &e, batch * m,
                                batch * m * n);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t bi = 0; bi < batch; bi++)
@@ -183,23 +183,28 @@ static int gemm_epilogue_matches(ral_context *ctx, int64_t batch, int64_t m, int
 }
 
 /* Attention scores per head straight from [B, S, H, D] buffers: batch levels (B, H) with strides
- * (S*H*D, D), rows S with stride H*D, D contiguous; B operand transposed (n = S with stride H*D). */
-static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, int64_t d) {
-  float *q = malloc(sizeof(float) * nb * s * h * d), *k = malloc(sizeof(float) * nb * s * h * d);
+ * (S*H*D, D), rows S with stride H*D, D contiguous; B operand transposed (n = S with stride H*D).
+ * The keys have H / group heads, each serving `group` consecutive query heads (grouped-query
+ * attention); `keys_first`: the scores transposed, keys x queries (the keys are A). */
+static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, int64_t d, int64_t group, int keys_first) {
+  int64_t kh = h / group;
+  float *q = malloc(sizeof(float) * nb * s * h * d), *k = malloc(sizeof(float) * nb * s * kh * d);
   float *c = malloc(sizeof(float) * nb * h * s * s);
-  for (int64_t i = 0; i < nb * s * h * d; i++) {
-    q[i] = (float)((i * 7) % 13) - 6;
-    k[i] = (float)((i * 5) % 11) - 5;
-  }
+  for (int64_t i = 0; i < nb * s * h * d; i++) q[i] = (float)((i * 7) % 13) - 6;
+  for (int64_t i = 0; i < nb * s * kh * d; i++) k[i] = (float)((i * 5) % 11) - 5;
   /* C written as [B, S, H, S]: row i of head x at ((b * s + i) * h + x) * s */
-  disc_ral_gemm_f32(nb, h, s, s, d, q, s * h * d, d, h * d, 1, k, s * h * d, d, 1, h * d, c, s * h * s, s, h * s);
+  if (keys_first)
+    disc_ral_gemm_f32(nb, h, s, s, d, k, s * kh * d, d, group, kh * d, 1, q, s * h * d, d, 1, 1, h * d, c, s * h * s, s, h * s);
+  else
+    disc_ral_gemm_f32(nb, h, s, s, d, q, s * h * d, d, 1, h * d, 1, k, s * kh * d, d, group, 1, kh * d, c, s * h * s, s, h * s);
   int ok = ral_context_status(ctx) == RAL_OK;
   for (int64_t b = 0; b < nb; b++)
     for (int64_t x = 0; x < h; x++)
       for (int64_t i = 0; i < s; i++)
         for (int64_t j = 0; j < s; j++) {
           float ref = 0;
-          for (int64_t e = 0; e < d; e++) ref += q[((b * s + i) * h + x) * d + e] * k[((b * s + j) * h + x) * d + e];
+          int64_t qi = keys_first ? j : i, kj = keys_first ? i : j;
+          for (int64_t e = 0; e < d; e++) ref += q[((b * s + qi) * h + x) * d + e] * k[((b * s + kj) * kh + x / group) * d + e];
           ok &= c[((b * s + i) * h + x) * s + j] == ref;
         }
   free(q);
@@ -249,7 +254,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   float a[2 * 3 * 4], bt[2 * 5 * 4], c[2 * 3 * 5];
   for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
   for (int i = 0; i < 40; i++) bt[i] = (float)(i % 5) * 0.5f;
-  disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 4, 1, bt, 0, 20, 1, 4, c, 0, 15, 5);
+  disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 1, 4, 1, bt, 0, 20, 1, 1, 4, c, 0, 15, 5);
   if (have_blas) {
     CHECK(ral_context_status(ctx) == RAL_OK);
     int ok = 1;
@@ -271,8 +276,11 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
      * has AVX-512 (B is not the context's buffer) */
     CHECK(gemm_matches(ctx, 37, 1100, 700, 700, 1, 1100, 1));
     CHECK(gemm_matches(ctx, 2, 3000, 300, 1, 2, 3000, 1));
-    CHECK(gemm_heads_match(ctx, 3, 40, 4, 16));       /* two batch levels, transposed views */
-    CHECK(gemm_heads_match(ctx, 1, 5, 2, 3));         /* small: inline */
+    CHECK(gemm_heads_match(ctx, 3, 40, 4, 16, 1, 0)); /* two batch levels, transposed views */
+    CHECK(gemm_heads_match(ctx, 1, 5, 2, 3, 1, 0));   /* small: inline */
+    CHECK(gemm_heads_match(ctx, 2, 40, 8, 16, 4, 0)); /* keys shared by groups of 4 heads */
+    CHECK(gemm_heads_match(ctx, 1, 5, 6, 3, 3, 0));   /* small: inline */
+    CHECK(gemm_heads_match(ctx, 2, 40, 8, 16, 2, 1)); /* the shared keys as A */
     CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40, 0));  /* row blocks, one per thread: after the product */
     CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 0));  /* behind each of 16 batch entries */
     CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128, 0));  /* column blocks: after the product */
@@ -283,8 +291,15 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     ral_kernel_stat st;
     ral_kernel_stats((const void *)add_one, &st);
     CHECK(st.calls == 7 && st.fused_calls == 2); /* the products with enough whole-row tasks (not the swapped one) */
-    disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 3, 1, NULL, 0, 0, 5, 1, NULL, 20, 20, 5, add_one, NULL, 7, 20);
+    disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 1, 3, 1, NULL, 0, 0, 1, 5, 1, NULL, 20, 20, 5, add_one, NULL, 7, 20);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
+    ral_context *fresh;
+    CHECK(ral_context_create(rt, &fresh) == RAL_OK);
+    ral_context_enter(fresh);
+    disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 1, 4, 1, bt, 0, 20, 0, 1, 4, c, 0, 15, 5);
+    CHECK(ral_context_status(fresh) == RAL_ERR_INVALID_ARGUMENT); /* B's groups of no entries */
+    ral_context_enter(ctx);
+    ral_context_destroy(fresh);
   }
   ral_context_enter(prev);
   ral_context_destroy(ctx);

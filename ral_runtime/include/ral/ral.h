@@ -30,7 +30,7 @@ typedef enum {
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 2
+#define RAL_ABI_VERSION 3
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -115,17 +115,19 @@ void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_mem
 /* Batched GEMM C[i, j] = op(A[i, j]) x op(B[i, j]) on row-major strided views, over batch
  * entries (i, j) in [0, batch) x [0, inner) (two batch levels with strides of their own, so a
  * transposed view, e.g. attention heads inside a [batch, seq, heads, dim] buffer, needs no copy).
- * A: [batch, inner, m, k] with strides (sa_b, sa_i, sa_m, sa_k); B: [batch, inner, k, n]
- * likewise; C: [batch, inner, m, n] with strides (sc_b, sc_i, ldc, 1) (a transposed result,
- * e.g. attention's context written straight into [batch, seq, heads, dim]). Strides are in
- * elements. */
+ * A: [batch, inner / a_group, m, k] with strides (sa_b, sa_i, sa_m, sa_k), its inner entry
+ * j / a_group serving C's j (a_group >= 1 consecutive entries share one: grouped-query
+ * attention's keys and values, read once per group instead of repeated per head); B: [batch,
+ * inner / b_group, k, n] likewise; C: [batch, inner, m, n] with strides (sc_b, sc_i, ldc, 1) (a
+ * transposed result, e.g. attention's context written straight into [batch, seq, heads, dim]).
+ * Strides are in elements. */
 void disc_ral_gemm_f32(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
-                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
-                       int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c, int64_t sc_b, int64_t sc_i,
+                       int64_t sa_b, int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
+                       int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, float *c, int64_t sc_b, int64_t sc_i,
                        int64_t ldc);
 void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
-                       int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
-                       int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b, int64_t sc_i,
+                       int64_t sa_b, int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
+                       int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b, int64_t sc_i,
                        int64_t ldc);
 
 /* The same with an epilogue: a parallel loop body over the rows of a contiguous C ([0, rows),
@@ -136,12 +138,12 @@ void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64
  * or few rows split into column blocks) after the product, as disc_ral_parallel_for(epilogue,
  * data, rows, work). */
 void disc_ral_gemm_f32_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a,
-                                int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const float *b,
-                                int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, float *c,
+                                int64_t sa_b, int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const float *b,
+                                int64_t sb_b, int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, float *c,
                                 int64_t sc_b, int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 void disc_ral_gemm_f64_epilogue(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a,
-                                int64_t sa_b, int64_t sa_i, int64_t sa_m, int64_t sa_k, const double *b,
-                                int64_t sb_b, int64_t sb_i, int64_t sb_k, int64_t sb_n, double *c,
+                                int64_t sa_b, int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const double *b,
+                                int64_t sb_b, int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, double *c,
                                 int64_t sc_b, int64_t sc_i, int64_t ldc, ral_parallel_body epilogue, void *epilogue_data, int64_t rows, int64_t work);
 
 /* Channels-first convolution y = x (*) w, up to three spatial dims (fewer: leading ones of size
