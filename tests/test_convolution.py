@@ -40,6 +40,33 @@ def test_torch_convolutions_in_nchw_run_on_the_ral():
         assert gemm_calls(f, "disc_ral_conv") - before == 4  # the four ungrouped convolutions; the depthwise one is a loop kernel
 
 
+def test_convolutions_of_channel_and_row_slices():
+    """The RAL's convolution reads its input contiguous: a slice of the channels or rows (a view
+    once bufferized) is copied first, and an input that is contiguous is not."""
+    torch = pytest.importorskip("torch", reason="needs torch (pip install disc_stablehlo[test])")
+    from torch.export import Dim
+
+    class Slices(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 3)
+
+        def forward(self, x):
+            return self.conv(x[:, :3]), self.conv(x[:, 1:]), self.conv(x[:, :3, 1:])
+
+    torch.manual_seed(2)
+    model = Slices().eval()
+    dims = {0: Dim("b"), 2: Dim("h", min=5, max=64), 3: Dim("w", min=4, max=64)}
+    f = disc.compile(model, (torch.randn(2, 4, 9, 9),), dynamic_shapes=(dims,))
+    whole = disc.compile(model.conv, (torch.randn(2, 3, 9, 9),), dynamic_shapes=(dims,))
+    assert not any(k.kind == "copy" for k in whole.kernels), whole.kernels
+    for b, h, w in [(1, 5, 4), (3, 10, 11)]:
+        x = torch.randn(b, 4, h, w)
+        with torch.no_grad():
+            for got, want in zip(f(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("conv, shape", [("Conv1d", (3, 4, 37)), ("Conv3d", (2, 4, 9, 10, 7))])
 def test_torch_1d_and_3d_convolutions_on_the_ral(conv, shape):
     """Channels-first convolutions of one to three spatial dims: out[b] = kernel x patches[b] (a

@@ -31,7 +31,7 @@ from torch_mlir._mlir_libs import _stablehlo
 from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad, padded_size
-from .library_calls import GEMM_ELEMENT_TYPES, _static_product, identity_buffer, pointer
+from .library_calls import GEMM_ELEMENT_TYPES, _static_product, contiguous_buffer, pointer
 from .lower import Text, register_template
 
 
@@ -253,8 +253,8 @@ def _conv_call(t: Text, op: ir.Operation, in_dims: list[str], out_dims: list[str
     positions = t.const(1)
     for d in out_dims[2:]:
         positions = t(f"arith.muli {positions}, {d} : index")
-    x, x_type = identity_buffer(t, "%a0", lhs_t, elem)
-    w, w_type = identity_buffer(t, "%a1", rhs_t, elem)
+    x, x_type = contiguous_buffer(t, "%a0", lhs_t, elem)
+    w, w_type = contiguous_buffer(t, "%a1", rhs_t, elem)
     result_mtype = f"memref<?x{out_features}x?x{elem}>"
     result = t(f"memref.alloc({out_dims[0]}, {positions}) : {result_mtype}")
     sizes = [out_dims[0], in_dims[1], t.const(rhs_t.shape[1]), t.const(out_features)]  # the input's features, the kernel's

@@ -58,9 +58,20 @@ def _memref_type(vtype: ir.Type, elem: str) -> str:
 
 
 def identity_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
-    """`value` as a buffer in row-major order (bufferization copies a view that is not)."""
+    """`value` as a buffer of the row-major type. Bufferization may still hand a view there (a
+    slice, as a cast it does not check): read its strides (`pointer`), or flatten it first
+    (`contiguous_buffer`)."""
     mtype = _memref_type(vtype, elem)
     return t(f"bufferization.to_buffer {value} read_only : {vtype} to {mtype}"), mtype
+
+
+def contiguous_buffer(t: Text, value: str, vtype: ir.Type, elem: str) -> tuple[str, str]:
+    """`value`'s elements in row-major order, as a 1-D buffer: a reshape's operand must be
+    contiguous, so bufferization copies a view (a slice) and passes anything else as it is."""
+    count = _product(t, t.dims(value, vtype))
+    flat = t(f"tensor.reshape {value}({t(f'tensor.from_elements {count} : tensor<1xindex>')}) : "
+             f"({vtype}, tensor<1xindex>) -> tensor<?x{elem}>")
+    return identity_buffer(t, flat, ir.Type.parse(f"tensor<?x{elem}>"), elem)
 
 
 def _operand(t: Text, value: str, vtype: ir.Type, groups: list[list[int]], elem: str,
