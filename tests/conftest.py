@@ -4,6 +4,7 @@ several concrete shapes."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def gemm_calls(f, entry: str = "disc_ral_gemm") -> int:
     """How many calls of the RAL's GEMM (or of another library `entry`: disc_ral_conv) a compiled
     function has made so far."""
     return sum(st["calls"] for name, st in f.stats().items() if name.startswith(entry))
+
+
+def gemm_call_args(f) -> list[list[str]]:
+    """The arguments of each RAL GEMM call in a compiled function's LLVM IR ("i64 8", "ptr %3",
+    ...), in order: see ral/ral.h for their positions."""
+    return [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", f.llvm_ir)]
 
 
 def specs_for(shapes_and_dtypes, dim_names: str):

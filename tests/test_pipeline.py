@@ -4,7 +4,6 @@ runs in a subprocess), and failures produce actionable errors and reproducers.""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -489,7 +488,7 @@ def test_transposed_gemm_operands_are_read_in_place():
     scaled after their transpose are scaled before it (one elementwise loop, not a copy). A
     transpose that reorders a product's free dims is still copied."""
     import jax.numpy as jnp
-    from conftest import specs_for
+    from conftest import gemm_call_args, specs_for
 
     def heads(q, k, v):
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))
@@ -506,7 +505,7 @@ def test_transposed_gemm_operands_are_read_in_place():
     assert f.kernels == [] and f.llvm_ir.count("call void @disc_ral_gemm_f32(") == 2
     h = disc.compile(scaled, *specs_for([(("b", "s", 4, 16), np.float32)] * 3, "b, s"))
     assert [(k.kind, k.ops) for k in h.kernels] == [("elementwise", ("arith.mulf",))], h.kernels
-    scores, context = (call.split(", ") for call in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", h.llvm_ir))
+    scores, context = gemm_call_args(h)
     # the scaled queries and the keys at their strides in [b, s, 4, 16]: a head 16 floats on, a row 64
     assert scores[7:11] == ["i64 16", "i64 1", "i64 64", "i64 1"] and scores[13:17] == ["i64 16", "i64 1", "i64 1", "i64 64"], scores
     assert context[13:17] == ["i64 16", "i64 1", "i64 64", "i64 1"] and context[19:] == ["i64 16", "i64 64"], context
@@ -529,7 +528,7 @@ def test_grouped_query_attention_reads_each_key_value_head_once_per_group():
     operands to write it in place. A broadcast that also expands another dim, or whose repeats
     are the outer part of the heads (`jnp.tile`), is not a group and is still copied."""
     import jax.numpy as jnp
-    from conftest import specs_for
+    from conftest import gemm_call_args, specs_for
 
     def attention(q, k, v, tile=False, context="bqhd"):
         k, v = ((jnp.tile(t, (1, 1, 4, 1)) if tile else jnp.repeat(t, 4, axis=2)) for t in (k, v))
@@ -541,7 +540,7 @@ def test_grouped_query_attention_reads_each_key_value_head_once_per_group():
         return attention(q, jnp.broadcast_to(k, (b, *k.shape[1:])), jnp.broadcast_to(v, (b, *v.shape[1:])))
 
     def groups(f):  # each GEMM's groups of A and of B
-        return [(c.split(", ")[8], c.split(", ")[14]) for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", f.llvm_ir)]
+        return [(c[8], c[14]) for c in gemm_call_args(f)]
 
     specs = specs_for([(("b", "s", 8, 16), np.float32), (("b", "s", 2, 16), np.float32), (("b", "s", 2, 16), np.float32)], "b, s")
     f = disc.compile(attention, *specs)

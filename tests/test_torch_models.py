@@ -3,9 +3,8 @@ against eager PyTorch at >= 3 shapes each."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
+from conftest import gemm_call_args
 
 torch = pytest.importorskip("torch", reason="the PyTorch frontend needs torch (pip install disc_stablehlo[torch])")
 import disc_stablehlo as disc  # noqa: E402
@@ -301,7 +300,7 @@ def test_attention_heads_need_no_transpose_copies():
     assert not any(k.kind == "copy" for k in compiled.kernels), compiled.kernels
     # the two products per head read q, k and v at their strides in [b, s, 4, 8] (a head 8 floats
     # on, a row 32) and write the context there too
-    calls = [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", compiled.llvm_ir)]
+    calls = gemm_call_args(compiled)
     scores, context = (c for c in calls if c[1] == "i64 4")
     assert scores[7:11] == ["i64 8", "i64 1", "i64 32", "i64 1"] and scores[13:17] == ["i64 8", "i64 1", "i64 1", "i64 32"], scores
     assert context[13:17] == ["i64 8", "i64 1", "i64 32", "i64 1"] and context[19:] == ["i64 8", "i64 32"], context
@@ -332,7 +331,7 @@ def test_grouped_query_attention_reads_shared_keys_and_values_without_repeating_
     model = Attention().eval()
     compiled = disc.compile(model, (torch.randn(2, 5, 64),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s")}})
     assert not any(k.kind == "copy" for k in compiled.kernels), compiled.kernels
-    calls = [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", compiled.llvm_ir)]
+    calls = gemm_call_args(compiled)
     scores, context = (c for c in calls if c[1] == "i64 8")
     # keys and values in [b, s, 2, 8]: a key/value head 8 floats on, serving 4 query heads
     assert scores[13:17] == ["i64 8", "i64 4", "i64 1", "i64 16"], scores

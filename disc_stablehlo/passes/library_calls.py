@@ -269,15 +269,15 @@ def transposes_below_scalar_ops(module: ir.Module) -> None:
             dead.erase()
 
 
-def _broadcast_source_dims(op: ir.Operation) -> list[int] | None:
+def _broadcast_source_dims(op: ir.Operation, expanded: int | None = None) -> list[int] | None:
     """The result dims a broadcast maps its operand's dims onto, when it expands none of them
-    (it only adds dims)."""
+    (it only adds dims) other than result dim `expanded`."""
     if op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
         return None
     dims = int_list(op, "broadcast_dimensions")
     in_t, out_t = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.result.type)
     kept = set(int_list(op, "known_nonexpanding_dimensions"))
-    if all(i in kept or (not in_t.is_dynamic_dim(i) and not out_t.is_dynamic_dim(d) and in_t.shape[i] == out_t.shape[d])
+    if all(d == expanded or i in kept or (not in_t.is_dynamic_dim(i) and not out_t.is_dynamic_dim(d) and in_t.shape[i] == out_t.shape[d])
            for i, d in enumerate(dims)):
         return dims
     return None
@@ -323,14 +323,10 @@ def _fold_grouped_broadcast(op: ir.Operation, side: int, batch: list[int]) -> bo
     if _merged_pair(reshape) != h or ir.RankedTensorType(reshape.operands[0].type).rank != ir.RankedTensorType(reshape.result.type).rank + 1:
         return False
     broadcast = reshape.operands[0].owner
-    if isinstance(broadcast, ir.Block) or broadcast.name not in ("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim"):
-        return False
-    source, dims = broadcast.operands[0], int_list(broadcast, "broadcast_dimensions")
+    if isinstance(broadcast, ir.Block) or (dims := _broadcast_source_dims(broadcast, expanded=h + 1)) is None:
+        return False  # not a broadcast, or a dim other than r may expand too
+    source = broadcast.operands[0]
     src_t, out_t = ir.RankedTensorType(source.type), ir.RankedTensorType(broadcast.result.type)
-    kept = set(int_list(broadcast, "known_nonexpanding_dimensions"))
-    if not all(i in kept or (not src_t.is_dynamic_dim(i) and not out_t.is_dynamic_dim(d) and src_t.shape[i] == out_t.shape[d])
-               for i, d in enumerate(dims) if d != h + 1):
-        return False  # a dim other than r may expand too
     if dims == [d for d in range(out_t.rank) if d != h + 1]:  # r is a new dim
         op.operands[side] = source
         return True
