@@ -243,8 +243,11 @@ def serve() -> None:
     # ops (linalg's alone takes 0.25 s): loaded while the caller's frontend exports
     from torch_mlir.dialects import arith, complex, func, linalg, math, memref, scf, tensor  # noqa: F401
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # prints of the compiler must not corrupt the replies
+    # the replies get a descriptor of their own: whatever the compiler prints (Python, or MLIR and
+    # LLVM writing to descriptor 1) goes to stderr and cannot corrupt them
+    stdin, stdout = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     while True:
         try:
             request = _receive(stdin)

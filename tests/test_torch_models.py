@@ -123,6 +123,41 @@ class ConcatIndependent(torch.nn.Module):
         return torch.cat([a * 2, b + 1], dim=1)
 
 
+
+class NegativeIndices(torch.nn.Module):
+    """Indices below zero count from the end, as PyTorch reads them: a buffer of them as the index
+    (Falcon's `fused_qkv[..., [-2], :]`; a buffer in the index list, as Swin's relative position
+    index), computed ones, and an update at them (index_put)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("last_two", torch.tensor([-2, -1]))
+
+    def forward(self, x):
+        updated = x.clone()
+        updated[:, self.last_two] = 0.5
+        return x[..., self.last_two], x[torch.arange(x.shape[0]) - x.shape[0]], updated
+
+
+class PositionIdsFromMask(torch.nn.Module):
+    """RoBERTa's and OPT's position ids: the integer cumulative sum of the padding mask, times the mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Embedding(200, 8)
+
+    def forward(self, ids):
+        mask = ids.ne(1).int()
+        return self.positions(torch.cumsum(mask, dim=1).type_as(mask) * mask + 1)
+
+
+class ChannelsLastPool(torch.nn.Module):
+    """Channels-last features permuted to channels-first and pooled to 1x1 (Swin's head): torch's
+    decomposition restores the channels-last strides of the result with as_strided."""
+
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1).flatten(1)
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -143,6 +178,10 @@ MODELS = [
      lambda b, s: (torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.randn(b, 4, s, 8), torch.arange(s)[None, :] < s - 1 - torch.arange(b)[:, None] % 2),
      {"q": {0: B, 2: S}, "k": {0: B, 2: S}, "v": {0: B, 2: S}, "keep": {0: B, 1: S}}),
     ("in_place_ops", InPlace, lambda b, s: (torch.randn(b, s),), {"x": {0: B, 1: S}}),
+    ("negative_indices", NegativeIndices, lambda b, s: (torch.randn(b, s),), {"x": {0: B, 1: S}}),
+    ("position_ids_from_mask", PositionIdsFromMask, lambda b, s: (torch.randint(0, 4, (b, s)),), {"ids": {0: B, 1: S}}),
+    ("channels_last_pool", ChannelsLastPool, lambda b, s: (torch.randn(b, s, s + 1, 8),),
+     {"x": {0: B, 1: S, 2: Dim("w", min=3, max=129)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]

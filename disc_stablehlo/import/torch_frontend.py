@@ -83,6 +83,28 @@ def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = N
     return torch.empty(size, dtype=dtype, device=device)
 
 
+def _as_strided(x: Any, size: Any, stride: Any, storage_offset: Any = None) -> Any:
+    """`as_strided` that reads the tensor in its own row-major order (dims of size 1 have any
+    stride) is the tensor: decompositions that restore a memory format write it (adaptive average
+    pooling to 1x1 of a channels-last input: torchvision's Swin), and torch-mlir takes as_strided
+    with static sizes only. Other uses are left to torch-mlir (NotImplemented keeps the op)."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if not (storage_offset in (None, 0) and len(size) == x.dim()):
+        return NotImplemented
+    expected: Any = 1
+    for n, have, step in reversed(list(zip(size, x.shape, stride))):
+        if not statically_known_true(n == have):
+            return NotImplemented
+        if statically_known_true(n == 1):
+            continue
+        if not statically_known_true(step == expected):
+            return NotImplemented
+        expected = expected * n
+    return torch.ops.aten.alias.default(x)
+
+
 def _native_multi_head_attention(query: Any, key: Any, value: Any, embed_dim: int, num_head: int, qkv_weight: Any, qkv_bias: Any,
                                  proj_weight: Any, proj_bias: Any, mask: Any = None, need_weights: bool = True,
                                  average_attn_weights: bool = True, mask_type: int | None = None) -> Any:
@@ -189,14 +211,15 @@ def _softmax_masked_rows_zero(scores: Any) -> Any:
 
 def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
-    (stable sort, group norm, nearest upsampling, empty_strided, scaled dot-product attention,
-    the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
+    (stable sort, group norm, nearest upsampling, empty_strided, as_strided in row-major order,
+    scaled dot-product attention, the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
     kept = {getattr(torch.ops.aten, name).default for name in _KEPT_WHOLE}
     table = {op: fn for op, fn in get_decomposition_table().items() if op not in kept}
     table[torch.ops.aten.empty_strided.default] = _empty_strided
+    table[torch.ops.aten.as_strided.default] = _as_strided
     table[torch.ops.aten.scaled_dot_product_attention.default] = _scaled_dot_product_attention
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.native_group_norm.default] = _group_norm
@@ -427,7 +450,8 @@ def _decomposable_forms(ep: Any) -> None:
     prims.squeeze) become their ATen forms: functionalization takes no aliasing op outside ATen.
     An in-place op (`relu_`, `hardswish_`, `add_`) on a fresh tensor nothing else reads becomes
     its functional form: functionalizing it goes through torch's reference decomposition of the
-    op, which costs a model like MobileNetV3 seconds with symbolic sizes."""
+    op, which costs a model like MobileNetV3 seconds with symbolic sizes. Indexing ops get their
+    negative indices wrapped (`_indexing`)."""
     import torch
 
     forms = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
@@ -435,15 +459,51 @@ def _decomposable_forms(ep: Any) -> None:
              torch.ops.prims.view_of.default: torch.ops.aten.alias.default,
              torch.ops.prims.transpose.default: torch.ops.aten.permute.default}
     changed = False
-    for node in ep.graph.nodes:
+    for node in list(ep.graph.nodes):
         if node.op != "call_function":
             continue
         target = forms.get(node.target) or _functional_form(node)
         if target is not None:
             node.target = target
             changed = True
+        if node.target in (torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default):
+            _indexing(ep.graph, node)
+            changed = True
     if changed:
         ep.graph_module.recompile()
+
+
+def _indexing(graph: Any, node: Any) -> None:
+    """An `x[indices]` (aten.index) or `x[indices] = v` (aten.index_put) node with each integer
+    index i made `where(i < 0, i + size, i)`, as PyTorch reads negative indices: the gather or
+    scatter it becomes clamps them to 0 instead (a silent wrong answer: Falcon's
+    `fused_qkv[..., [-2], :]`). Boolean masks index as many dims as they have and stay. The
+    wrapped indices are computed, so no tensor literal is left in the index list, which the FX
+    importer cannot take (a buffer as the index: Swin's relative position index). An aten.index
+    whose one index is a vector becomes `index_select` along its dim: torch-mlir's gather for
+    aten.index needs every other dim static."""
+    import torch
+
+    aten = torch.ops.aten
+    x, indices = node.args[0], node.args[1]
+    shape = x.meta["val"].shape
+    wrapped, dim, selected = [], 0, []
+    for i in indices:
+        val = i.meta.get("val") if isinstance(i, torch.fx.Node) else None
+        if val is None or val.dtype == torch.bool:
+            wrapped.append(i)
+            dim += val.dim() if val is not None else 1
+            continue
+        with graph.inserting_before(node):
+            size = shape[dim] if isinstance(shape[dim], int) else graph.call_function(aten.sym_size.int, (x, dim))
+            negative = graph.call_function(aten.lt.Scalar, (i, 0))
+            wrapped.append(graph.call_function(aten.where.self, (negative, graph.call_function(aten.add.Tensor, (i, size)), i)))
+        selected.append((dim, val.dim()))
+        dim += 1
+    if node.target == aten.index.Tensor and len(selected) == 1 == selected[0][1] and sum(i is not None for i in indices) == 1:
+        node.target, node.args = aten.index_select.default, (x, selected[0][0], wrapped[selected[0][0]])
+    else:
+        node.args = (x, wrapped, *node.args[2:])
 
 
 def _functional_form(node: Any) -> Any:
