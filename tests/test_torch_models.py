@@ -158,6 +158,20 @@ class ChannelsLastPool(torch.nn.Module):
     def forward(self, x):
         return torch.nn.functional.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1).flatten(1)
 
+
+class SliceAssignments(torch.nn.Module):
+    """A mask built by assigning to slices with negative and open bounds along a dynamic dim (Swin's
+    shifted-window attention mask): `slice_scatter` after functionalization."""
+
+    def forward(self, x):
+        mask = x.new_zeros((x.shape[0], 8))
+        count = 0
+        for rows in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+            for cols in (slice(0, -4), slice(-4, -2), slice(-2, None)):
+                mask[rows, cols] = count
+                count += 1
+        return x + mask
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -182,6 +196,7 @@ MODELS = [
     ("position_ids_from_mask", PositionIdsFromMask, lambda b, s: (torch.randint(0, 4, (b, s)),), {"ids": {0: B, 1: S}}),
     ("channels_last_pool", ChannelsLastPool, lambda b, s: (torch.randn(b, s, s + 1, 8),),
      {"x": {0: B, 1: S, 2: Dim("w", min=3, max=129)}}),
+    ("slice_assignments", SliceAssignments, lambda b, s: (torch.randn(b + 5, 8),), {"x": {0: Dim("rows", min=6, max=80)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]

@@ -105,6 +105,32 @@ def _as_strided(x: Any, size: Any, stride: Any, storage_offset: Any = None) -> A
     return torch.ops.aten.alias.default(x)
 
 
+def _slice_scatter(x: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """`slice_scatter` (what `x[a:b] = v` becomes) of unit step as the concatenation of what
+    stays before the slice, `src` and what stays after it: torch-mlir's own lowering needs
+    constant bounds (a dynamic dim fails) and takes an open end (`x[-3:]`, end 2^63 - 1) as the
+    size it is, running out of memory (torchvision's Swin builds its attention mask so). Other
+    steps, and bounds not known to be in order, are left to torch-mlir (NotImplemented keeps
+    the op)."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    size = x.shape[dim]
+
+    def bound(v: Any, default: Any) -> Any:
+        if v is None:
+            return default
+        if statically_known_true(v < 0):
+            v = v + size
+        return 0 if statically_known_true(v < 0) else size if statically_known_true(v > size) else v
+
+    lo, hi = bound(start, 0), bound(end, size)
+    if step != 1 or not statically_known_true(lo <= hi):
+        return NotImplemented
+    aten = torch.ops.aten
+    return aten.cat.default([aten.slice.Tensor(x, dim, 0, lo), src, aten.slice.Tensor(x, dim, hi, size)], dim)
+
+
 def _native_multi_head_attention(query: Any, key: Any, value: Any, embed_dim: int, num_head: int, qkv_weight: Any, qkv_bias: Any,
                                  proj_weight: Any, proj_bias: Any, mask: Any = None, need_weights: bool = True,
                                  average_attn_weights: bool = True, mask_type: int | None = None) -> Any:
@@ -212,7 +238,7 @@ def _softmax_masked_rows_zero(scores: Any) -> Any:
 def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
     (stable sort, group norm, nearest upsampling, empty_strided, as_strided in row-major order,
-    scaled dot-product attention, the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
+    slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -220,6 +246,7 @@ def _decompositions() -> dict:
     table = {op: fn for op, fn in get_decomposition_table().items() if op not in kept}
     table[torch.ops.aten.empty_strided.default] = _empty_strided
     table[torch.ops.aten.as_strided.default] = _as_strided
+    table[torch.ops.aten.slice_scatter.default] = _slice_scatter
     table[torch.ops.aten.scaled_dot_product_attention.default] = _scaled_dot_product_attention
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.native_group_norm.default] = _group_norm
