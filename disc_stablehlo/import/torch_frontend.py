@@ -5,6 +5,7 @@ checked constraints, and its symbols name the dims."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -563,6 +564,31 @@ def _restore_list_values(graph: Any) -> None:
             node.meta["val"] = list(val)
 
 
+@contextlib.contextmanager
+def _parsed_once() -> Any:
+    """torch.export's loader parses each symbolic size and stride of every node from its text,
+    and each sub-expression again for every expression holding it (sympy, quadratic in the nesting):
+    a DenseNet's sizes, floor divisions nested through its poolings and concatenations, took 26 s
+    to load. While loading, each expression is parsed once (a later request for it, with no new
+    hint, gets the first result)."""
+    from torch._export.serde.serialize import GraphModuleDeserializer
+
+    parse = GraphModuleDeserializer._parse_sym_expr
+
+    def once(self: Any, expr: Any, hint: Any = None) -> Any:
+        seen = self.__dict__.setdefault("_disc_parsed", {})
+        sym = seen.get(expr)
+        if sym is None or (hint is not None and sym not in self.shape_env.backed_var_to_val):
+            sym = seen[expr] = parse(self, expr, hint)
+        return sym
+
+    GraphModuleDeserializer._parse_sym_expr = once
+    try:
+        yield
+    finally:
+        GraphModuleDeserializer._parse_sym_expr = parse
+
+
 def import_torch(source: Source) -> Imported:
     """In the worker: the saved program through torch-mlir's FX importer (tensors of the program
     become parameters, `_ParameterHooks`) to StableHLO."""
@@ -575,7 +601,8 @@ def import_torch(source: Source) -> Imported:
     from ..bounded_dynamism.signature import signature_from_function
     from .torch_ops import LEGAL_OPS, define_functions, rewrite_torch_ops, to_stablehlo
 
-    ep = torch.export.load(source.payload)
+    with _parsed_once():
+        ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
     # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look
     ep.state_dict.update({name: ep.constants[name] for name in ep.graph_signature.non_persistent_buffers if name in ep.constants})
