@@ -1,7 +1,8 @@
 """Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
-rotary embeddings and RMSNorm) and `torchvision` (a ResNet, a ViT), at small configs with random
-weights: each compiled once with dynamic dims through `disc.compile` (torch.export) and through
-the dynamo backend, and checked against eager at three shapes including batch 1."""
+rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only) and `torchvision`
+(a ResNet, a ViT; a Swin through `disc.compile` only), at small configs with random weights: each
+compiled once with dynamic dims through `disc.compile` (torch.export) and through the dynamo
+backend, and checked against eager at three shapes including batch 1."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def _text(kind: str) -> torch.nn.Module:
                                          max_position_embeddings=128, **common))
     elif kind == "gpt2":
         model = T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False, **common))
+    elif kind == "falcon":  # multi-query attention: the one key/value head read as fused_qkv[..., [-2], :] (a negative index)
+        model = T.FalconModel(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, use_cache=False, **common))
+    elif kind == "roberta":  # position ids: the cumulative sum of the padding mask, times the mask
+        model = T.RobertaModel(T.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                               max_position_embeddings=130, **common))
     else:  # LLaMA-style: GQA (4 query heads over 2 key/value heads), rotary positions, RMSNorm, SiLU-gated MLP
         model = T.LlamaModel(T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                            intermediate_size=64, max_position_embeddings=128, use_cache=False, **common))
@@ -50,6 +56,9 @@ def _vision(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "resnet":
         model = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+    elif kind == "swin":  # shifted windows: a mask built by slice assignments, a relative position index, channels-last pooling
+        model = torchvision.models.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=[4, 4],
+                                                   num_classes=10)
     else:
         model = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
                                                      mlp_dim=64, num_classes=10)
@@ -59,7 +68,8 @@ def _vision(kind: str) -> torch.nn.Module:
 
 TEXT = ("bert", "gpt2", "llama")
 TEXT_SHAPES = [(1, 5), (3, 17), (2, 40)]
-VISION_SHAPES = {"resnet": [(1, 64, 64), (3, 96, 80), (2, 128, 112)], "vit": [(1, 32, 32), (3, 32, 32), (4, 32, 32)]}
+VISION_SHAPES = {"resnet": [(1, 64, 64), (3, 96, 80), (2, 128, 112)], "vit": [(1, 32, 32), (3, 32, 32), (4, 32, 32)],
+                 "swin": [(1, 32, 32), (3, 32, 32), (4, 32, 32)]}
 
 
 def _check(compiled, model, inputs) -> None:
@@ -68,7 +78,7 @@ def _check(compiled, model, inputs) -> None:
     torch.testing.assert_close(compiled(*inputs), want, **TOL)
 
 
-@pytest.mark.parametrize("kind", TEXT)
+@pytest.mark.parametrize("kind", TEXT + ("falcon", "roberta"))
 def test_text_model_compiled_once(kind):
     torch.manual_seed(0)
     model = _text(kind)
@@ -82,12 +92,12 @@ def test_text_model_compiled_once(kind):
         compiled(*_text_inputs(1, 129, 0))  # past the position table: rejected before any kernel runs
 
 
-@pytest.mark.parametrize("kind", ["resnet", "vit"])
+@pytest.mark.parametrize("kind", ["resnet", "vit", "swin"])
 def test_vision_model_compiled_once(kind):
     model = _vision(kind)
     if kind == "resnet":  # any image of 64..512 pixels a side (smaller ones pool to 1x1 before the average pool)
         dims = {0: Dim("batch", max=32), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}
-    else:  # a ViT's position table fixes the image size
+    else:  # a ViT's position table (a Swin's windows) fixes the image size
         dims = {0: Dim("batch", max=32)}
     example = torch.randn(2, 3, *VISION_SHAPES[kind][1][1:])
     compiled = disc.compile(model, (example,), dynamic_shapes={"x": dims})
