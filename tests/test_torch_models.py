@@ -421,3 +421,25 @@ def test_rotary_positions_from_arange_need_no_run_time_broadcast_checks():
     for b, s in [(1, 1), (3, 7), (2, 20)]:
         x = torch.randn(b, s, 32)
         torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_padding_mask_read_by_aranges_stays_a_plain_read():
+    """`mask[arange(b)[:, None], arange(s)]` (transformers' vmap'd padding masks) keeps its
+    indices as they are (no negative-index wrap: an arange from 0 counts up), so the analysis
+    proves the gather reads in place and the masked softmax stays one kernel per branch."""
+
+    class MaskedSoftmax(torch.nn.Module):
+        def forward(self, scores, mask):
+            b, s = mask.shape
+            m = mask[torch.arange(b)[:, None], torch.arange(s)]
+            return torch.softmax(torch.where(m[:, None, None, :], scores, -1e9), -1)
+
+    model = MaskedSoftmax()
+    b, s = Dim("batch", max=64), Dim("seq", max=128)
+    compiled = disc.compile(model, (torch.randn(2, 2, 5, 5), torch.rand(2, 5) > 0.3),
+                            dynamic_shapes={"scores": {0: b, 2: s, 3: s}, "mask": {0: b, 1: s}})
+    assert {k.kind for k in compiled.kernels} == {"stitch fusion"}, compiled.kernels
+    assert not any({"arith.cmpi", "arith.addi"} & set(k.ops) for k in compiled.kernels), compiled.kernels
+    for bb, ss in [(1, 1), (3, 7)]:
+        x, m = torch.randn(bb, 2, ss, ss), torch.rand(bb, ss) > 0.3
+        torch.testing.assert_close(compiled(x, m), model(x, m))

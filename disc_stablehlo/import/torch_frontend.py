@@ -507,9 +507,10 @@ def _indexing(graph: Any, node: Any) -> None:
     scatter it becomes clamps them to 0 instead (a silent wrong answer: Falcon's
     `fused_qkv[..., [-2], :]`). Boolean masks index as many dims as they have and stay. The
     wrapped indices are computed, so no tensor literal is left in the index list, which the FX
-    importer cannot take (a buffer as the index: Swin's relative position index). An aten.index
-    whose one index is a vector becomes `index_select` along its dim: torch-mlir's gather for
-    aten.index needs every other dim static."""
+    importer cannot take (a buffer as the index: Swin's relative position index). Indices seen
+    to be an `arange` from 0 up keep their form (the shape analysis proves such a gather reads in
+    place: transformers' padding masks). An aten.index whose one index is a vector becomes
+    `index_select` along its dim: torch-mlir's gather for aten.index needs every other dim static."""
     import torch
 
     aten = torch.ops.aten
@@ -520,18 +521,40 @@ def _indexing(graph: Any, node: Any) -> None:
         val = i.meta.get("val") if isinstance(i, torch.fx.Node) else None
         if val is None or val.dtype == torch.bool:
             wrapped.append(i)
-            dim += val.dim() if val is not None else 1
+            dim += 1 if val is None else val.dim()
             continue
-        with graph.inserting_before(node):
-            size = shape[dim] if isinstance(shape[dim], int) else graph.call_function(aten.sym_size.int, (x, dim))
-            negative = graph.call_function(aten.lt.Scalar, (i, 0))
-            wrapped.append(graph.call_function(aten.where.self, (negative, graph.call_function(aten.add.Tensor, (i, size)), i)))
+        if not _counts_up(i):
+            with graph.inserting_before(node):
+                size = shape[dim] if isinstance(shape[dim], int) else graph.call_function(aten.sym_size.int, (x, dim))
+                negative = graph.call_function(aten.lt.Scalar, (i, 0))
+                i = graph.call_function(aten.where.self, (negative, graph.call_function(aten.add.Tensor, (i, size)), i))
+        wrapped.append(i)
         selected.append((dim, val.dim()))
         dim += 1
     if node.target == aten.index.Tensor and len(selected) == 1 == selected[0][1] and sum(i is not None for i in indices) == 1:
         node.target, node.args = aten.index_select.default, (x, selected[0][0], wrapped[selected[0][0]])
     else:
         node.args = (x, wrapped, *node.args[2:])
+
+
+def _counts_up(node: Any) -> bool:
+    """Whether the FX node's values are an `arange` from 0 or more up, seen through ops that
+    move or copy values without changing them."""
+    import torch
+
+    aten = torch.ops.aten
+    moves = {aten.unsqueeze.default, aten.reshape.default, aten.view.default, aten.expand.default, aten.slice.Tensor,
+             aten.select.int, aten.permute.default, aten.transpose.int, aten.squeeze.dim, aten.squeeze.dims,
+             aten.flatten.using_ints, aten.clone.default, aten.alias.default}
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in moves:
+        node = node.args[0]
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    if node.target == aten.arange.default:
+        return True
+    start = node.args[0] if node.target in (aten.arange.start, aten.arange.start_step) else None
+    step = node.args[2] if node.target == aten.arange.start_step and len(node.args) > 2 else 1
+    return isinstance(start, int) and start >= 0 and isinstance(step, int) and step > 0
 
 
 def _functional_form(node: Any) -> Any:
