@@ -172,6 +172,14 @@ class SliceAssignments(torch.nn.Module):
                 count += 1
         return x + mask
 
+
+class SplitWithTrailingUnit(torch.nn.Module):
+    """[2n, 8, 1] -> [1, n, 2, 8]: the leading dim splits, but the trailing 1 has no result dim
+    left, so the reshape is no pure split (ConvBERT's, under dynamo)."""
+
+    def forward(self, x):
+        return (x * 2).reshape(1, x.shape[0] // 2, 2, 8) + 1
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -197,6 +205,8 @@ MODELS = [
     ("channels_last_pool", ChannelsLastPool, lambda b, s: (torch.randn(b, s, s + 1, 8),),
      {"x": {0: B, 1: S, 2: Dim("w", min=3, max=129)}}),
     ("slice_assignments", SliceAssignments, lambda b, s: (torch.randn(b + 5, 8),), {"x": {0: Dim("rows", min=6, max=80)}}),
+    ("split_with_trailing_unit", SplitWithTrailingUnit, lambda b, s: (torch.randn(2 * (b + 1), 8, 1),),
+     {"x": {0: 2 * Dim("n", min=2, max=64)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]

@@ -439,7 +439,7 @@ def _reassociation(facts: ShapeFacts, src: list[Dim], dst: list[Dim]) -> list[li
             group.append(j)
             product = product * long_[j]
             j += 1
-        if not facts.equal(product, d):
+        if not group or not facts.equal(product, d):  # no dim left for a trailing 1: not a pure split or merge
             return None
         if i == len(short) - 1:  # trailing size-1 dims join the last group
             while j < len(long_) and facts.equal(long_[j], Dim.const(1)):
