@@ -434,6 +434,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
+    _size_arithmetic(ep)
     ep, held_back, weights = _hold_back_weights(ep)
     fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
     os.close(fd)
@@ -446,6 +447,38 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
     return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints, held_back=held_back,
                   weights=weights), Binding()
+
+
+def _size_arithmetic(ep: Any) -> None:
+    """Size arithmetic that torch.export cannot save or torch-mlir cannot import, as chains of the
+    operators both take: `torch.sym_sum` (a sum of sizes, which tracing under dynamo writes:
+    Swin's and DINOv2's patch grids) as additions, and a size to a whole constant power as
+    multiplications."""
+    import operator
+
+    import torch
+
+    graph = ep.graph
+
+    def chain(node: Any, op: Any, terms: list, unit: Any) -> None:
+        total: Any = unit
+        with graph.inserting_before(node):
+            for term in terms:
+                if total is unit:
+                    total = term
+                    continue
+                before = total.meta["val"] if isinstance(total, torch.fx.Node) else total
+                total = graph.call_function(op, (total, term))
+                total.meta["val"] = op(before, term.meta["val"] if isinstance(term, torch.fx.Node) else term)
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
+
+    for node in [n for n in graph.nodes if n.op == "call_function"]:
+        if node.target is torch.sym_sum:
+            chain(node, operator.add, list(node.args[0]), None)
+        elif node.target is operator.pow and isinstance(node.args[1], int) and 1 <= node.args[1] <= 8:
+            chain(node, operator.mul, [node.args[0]] * node.args[1], None)
+    ep.graph_module.recompile()
 
 
 def _unaliased(args: tuple) -> tuple:

@@ -39,3 +39,14 @@ class LastHiddenState(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class PixelFeatures(torch.nn.Module):
+    """A transformers vision model called with pixel values, returning its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).last_hidden_state

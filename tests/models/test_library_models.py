@@ -1,6 +1,7 @@
 """Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
 rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only) and `torchvision`
-(a ResNet, a ViT; a Swin through `disc.compile` only), at small configs with random weights: each
+(a ResNet, a ViT; a Swin through `disc.compile` only, DINOv2 through the dynamo backend only), at
+small configs with random weights: each
 compiled once with dynamic dims through `disc.compile` (torch.export) and through the dynamo
 backend, and checked against eager at three shapes including batch 1."""
 
@@ -14,7 +15,7 @@ torch = pytest.importorskip("torch", reason="the model tests need torch (pip ins
 from torch.export import Dim  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
-from library_models import LastHiddenState, declare_torchvision_ops  # noqa: E402
+from library_models import LastHiddenState, PixelFeatures, declare_torchvision_ops  # noqa: E402
 
 declare_torchvision_ops()
 
@@ -56,6 +57,9 @@ def _vision(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "resnet":
         model = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1], num_classes=10)
+    elif kind == "dinov2":  # its position table interpolated to the patch grid: size arithmetic (a sum of sizes) under dynamo
+        model = PixelFeatures(transformers.Dinov2Model(transformers.Dinov2Config(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                                                                 num_attention_heads=4, intermediate_size=64)))
     elif kind == "swin":  # shifted windows: a mask built by slice assignments, a relative position index, channels-last pooling
         model = torchvision.models.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=[4, 4],
                                                    num_classes=10)
@@ -69,7 +73,7 @@ def _vision(kind: str) -> torch.nn.Module:
 TEXT = ("bert", "gpt2", "llama")
 TEXT_SHAPES = [(1, 5), (3, 17), (2, 40)]
 VISION_SHAPES = {"resnet": [(1, 64, 64), (3, 96, 80), (2, 128, 112)], "vit": [(1, 32, 32), (3, 32, 32), (4, 32, 32)],
-                 "swin": [(1, 32, 32), (3, 32, 32), (4, 32, 32)]}
+                 "swin": [(1, 32, 32), (3, 32, 32), (4, 32, 32)], "dinov2": [(1, 32, 32), (3, 48, 40), (2, 64, 32)]}
 
 
 def _check(compiled, model, inputs) -> None:
@@ -107,7 +111,7 @@ def test_vision_model_compiled_once(kind):
     assert compiled.compile_count == 1
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2"])
 def test_model_through_the_dynamo_backend(kind):
     torch._dynamo.reset()
     if kind in TEXT:
