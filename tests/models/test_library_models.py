@@ -1,9 +1,9 @@
 """Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
-rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only) and `torchvision`
-(a ResNet, a ViT; a Swin through `disc.compile` only, DINOv2 through the dynamo backend only), at
-small configs with random weights: each
-compiled once with dynamic dims through `disc.compile` (torch.export) and through the dynamo
-backend, and checked against eager at three shapes including batch 1."""
+rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only, DINOv2 through the
+dynamo backend only) and `torchvision` (a ResNet, a ViT; a Swin through `disc.compile` only), at
+small configs with random weights: each compiled once with dynamic dims through `disc.compile`
+(torch.export) and through the dynamo backend, and checked against eager at three shapes
+including batch 1."""
 
 from __future__ import annotations
 
