@@ -491,10 +491,16 @@ def _proven_multiple(v: ir.Value, vector: int) -> ir.Value | None:
 
 
 def _fact_mask(v: ir.Value, vector: int) -> bool:
-    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.andi" or not facts_relied_on(operation(v.owner)):
+    """Whether v is `n & -p`, p a multiple of the vector width, that carries the fact "n divisible
+    by p" (`dims.expose_divisibility`). A version's own `n & -vector` (the "no tail" bound, which
+    holds only under its check) carries its loop's location and so that loop's facts, but not
+    this one: taken for a proven multiple, it had a later loop over n skip its last n % 16
+    columns in every version (ConvBERT's mask under dynamo: uninitialised values)."""
+    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.andi":
         return False
     mask = int_constant(operation(v.owner).operands[1])
-    return mask is not None and mask < 0 and (-mask) % vector == 0
+    return (mask is not None and mask < 0 and (-mask) % vector == 0
+            and any(f.endswith(f" divisible by {-mask}") for f in facts_relied_on(operation(v.owner))))
 
 
 def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -> ir.Operation:

@@ -1,6 +1,6 @@
 """Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
-rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only, DINOv2 through the
-dynamo backend only) and `torchvision` (a ResNet, a ViT; a Swin through `disc.compile` only), at
+rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only, DINOv2 and ConvBERT
+through the dynamo backend only) and `torchvision` (a ResNet, a ViT; a Swin through `disc.compile` only), at
 small configs with random weights: each compiled once with dynamic dims through `disc.compile`
 (torch.export) and through the dynamo backend, and checked against eager at three shapes
 including batch 1."""
@@ -36,6 +36,9 @@ def _text(kind: str) -> torch.nn.Module:
         model = T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False, **common))
     elif kind == "falcon":  # multi-query attention: the one key/value head read as fused_qkv[..., [-2], :] (a negative index)
         model = T.FalconModel(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, use_cache=False, **common))
+    elif kind == "convbert":  # span-based dynamic convolution beside attention; under dynamo its mask dims are symbols of their own
+        model = T.ConvBertModel(T.ConvBertConfig(hidden_size=32, embedding_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=64, max_position_embeddings=128, **common))
     elif kind == "roberta":  # position ids: the cumulative sum of the padding mask, times the mask
         model = T.RobertaModel(T.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                                max_position_embeddings=130, **common))
@@ -111,10 +114,10 @@ def test_vision_model_compiled_once(kind):
     assert compiled.compile_count == 1
 
 
-@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2", "convbert"])
 def test_model_through_the_dynamo_backend(kind):
     torch._dynamo.reset()
-    if kind in TEXT:
+    if kind in TEXT + ("convbert",):
         model = _text(kind)
         inputs = [_text_inputs(b, s, i) for i, (b, s) in enumerate(TEXT_SHAPES)]
     else:
