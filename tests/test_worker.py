@@ -54,6 +54,18 @@ def test_the_worker_loads_the_importers_modules_before_the_request(capfd):
     np.testing.assert_allclose(f(x), np.tanh(x), rtol=1e-6)
 
 
+
+def test_native_writes_to_standard_output_do_not_corrupt_the_workers_replies(tmp_path, monkeypatch):
+    """What the compiler's native code writes to descriptor 1 (MLIR and LLVM print there) goes to
+    stderr: the replies travel on a descriptor of their own, which nothing else writes."""
+    (tmp_path / "disc_noisy_native_output.py").write_text("import os\nos.write(1, b'native output' * 64)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(worker, "_worker", None)  # a fresh worker, which sees the module's folder
+    worker.prepare(("disc_noisy_native_output",))
+    f = disc.compile(TANH)
+    x = np.ones((2, 8), np.float32)
+    np.testing.assert_allclose(f(x), np.tanh(x), rtol=1e-6)
+
 def test_errors_in_the_worker_keep_their_class_and_message():
     with pytest.raises(disc.UnsupportedOpError, match="fft"):
         disc.compile("""func.func @main(%x: tensor<8xcomplex<f32>>) -> tensor<8xcomplex<f32>> {
