@@ -239,7 +239,8 @@ def _softmax_masked_rows_zero(scores: Any) -> Any:
 def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
     (stable sort, group norm, nearest upsampling, empty_strided, as_strided in row-major order,
-    slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
+    slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
+    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -460,24 +461,24 @@ def _size_arithmetic(ep: Any) -> None:
 
     graph = ep.graph
 
-    def chain(node: Any, op: Any, terms: list, unit: Any) -> None:
-        total: Any = unit
+    def value(v: Any) -> Any:
+        return v.meta["val"] if isinstance(v, torch.fx.Node) else v
+
+    def chain(node: Any, op: Any, terms: list) -> None:
+        total = terms[0]
         with graph.inserting_before(node):
-            for term in terms:
-                if total is unit:
-                    total = term
-                    continue
-                before = total.meta["val"] if isinstance(total, torch.fx.Node) else total
+            for term in terms[1:]:
+                before = value(total)
                 total = graph.call_function(op, (total, term))
-                total.meta["val"] = op(before, term.meta["val"] if isinstance(term, torch.fx.Node) else term)
+                total.meta["val"] = op(before, value(term))
         node.replace_all_uses_with(total)
         graph.erase_node(node)
 
     for node in [n for n in graph.nodes if n.op == "call_function"]:
         if node.target is torch.sym_sum:
-            chain(node, operator.add, list(node.args[0]), None)
+            chain(node, operator.add, list(node.args[0]))
         elif node.target is operator.pow and isinstance(node.args[1], int) and 1 <= node.args[1] <= 8:
-            chain(node, operator.mul, [node.args[0]] * node.args[1], None)
+            chain(node, operator.mul, [node.args[0]] * node.args[1])
     ep.graph_module.recompile()
 
 
