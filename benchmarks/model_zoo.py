@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: ~45 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 47 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -24,72 +24,71 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = 512
 
 
-def _text(T, name: str):
-    common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
-    decoder = dict(max_position_embeddings=128, use_cache=False, **small)
-    return {
-        "distilbert": lambda: T.DistilBertModel(T.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=VOCAB)),
-        "roberta": lambda: T.RobertaModel(T.RobertaConfig(max_position_embeddings=130, **small)),
-        "albert": lambda: T.AlbertModel(T.AlbertConfig(embedding_size=16, **small)),
-        "electra": lambda: T.ElectraModel(T.ElectraConfig(embedding_size=16, **small)),
-        "deberta_v2": lambda: T.DebertaV2Model(T.DebertaV2Config(**small)),
-        "mpnet": lambda: T.MPNetModel(T.MPNetConfig(max_position_embeddings=130, **small)),
-        "convbert": lambda: T.ConvBertModel(T.ConvBertConfig(embedding_size=32, **small)),
-        "t5_encoder": lambda: T.T5EncoderModel(T.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=VOCAB)),
-        "bart_encoder": lambda: T.BartModel(T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                                         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-                                                         vocab_size=VOCAB)).get_encoder(),
-        "gpt2": lambda: T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False, **common)),
-        "llama": lambda: T.LlamaModel(T.LlamaConfig(num_key_value_heads=2, **decoder)),
-        "mistral": lambda: T.MistralModel(T.MistralConfig(num_key_value_heads=2, sliding_window=16, **decoder)),
-        "qwen2": lambda: T.Qwen2Model(T.Qwen2Config(num_key_value_heads=2, **decoder)),
-        "gemma": lambda: T.GemmaModel(T.GemmaConfig(num_key_value_heads=1, head_dim=8, **decoder)),
-        "phi": lambda: T.PhiModel(T.PhiConfig(partial_rotary_factor=0.5, **decoder)),
-        "gpt_neox": lambda: T.GPTNeoXModel(T.GPTNeoXConfig(rotary_pct=0.25, **decoder)),
-        "gptj": lambda: T.GPTJModel(T.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=128, use_cache=False, **common)),
-        "opt": lambda: T.OPTModel(T.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **{k: v for k, v in decoder.items() if k != "intermediate_size"})),
-        "bloom": lambda: T.BloomModel(T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, use_cache=False, **common)),
-        "falcon": lambda: T.FalconModel(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, use_cache=False, **common)),
-    }.get(name)
+_COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+_DECODER = dict(max_position_embeddings=128, use_cache=False, **_SMALL, **_COMMON)
+_STAGES = dict(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
 
+# text models: name -> builder of transformers (`T`)
+TEXT = {
+    "distilbert": lambda T: T.DistilBertModel(T.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=VOCAB)),
+    "roberta": lambda T: T.RobertaModel(T.RobertaConfig(max_position_embeddings=130, **_SMALL, **_COMMON)),
+    "albert": lambda T: T.AlbertModel(T.AlbertConfig(embedding_size=16, **_SMALL, **_COMMON)),
+    "electra": lambda T: T.ElectraModel(T.ElectraConfig(embedding_size=16, **_SMALL, **_COMMON)),
+    "deberta_v2": lambda T: T.DebertaV2Model(T.DebertaV2Config(**_SMALL, **_COMMON)),
+    "mpnet": lambda T: T.MPNetModel(T.MPNetConfig(max_position_embeddings=130, **_SMALL, **_COMMON)),
+    "convbert": lambda T: T.ConvBertModel(T.ConvBertConfig(embedding_size=32, **_SMALL, **_COMMON)),
+    "t5_encoder": lambda T: T.T5EncoderModel(T.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=VOCAB)),
+    "bart_encoder": lambda T: T.BartModel(T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                                     vocab_size=VOCAB)).get_encoder(),
+    "gpt2": lambda T: T.GPT2Model(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False, **_COMMON)),
+    "llama": lambda T: T.LlamaModel(T.LlamaConfig(num_key_value_heads=2, **_DECODER)),
+    "mistral": lambda T: T.MistralModel(T.MistralConfig(num_key_value_heads=2, sliding_window=16, **_DECODER)),
+    "qwen2": lambda T: T.Qwen2Model(T.Qwen2Config(num_key_value_heads=2, **_DECODER)),
+    "gemma": lambda T: T.GemmaModel(T.GemmaConfig(num_key_value_heads=1, head_dim=8, **_DECODER)),
+    "phi": lambda T: T.PhiModel(T.PhiConfig(partial_rotary_factor=0.5, **_DECODER)),
+    "gpt_neox": lambda T: T.GPTNeoXModel(T.GPTNeoXConfig(rotary_pct=0.25, **_DECODER)),
+    "gptj": lambda T: T.GPTJModel(T.GPTJConfig(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=128, use_cache=False, **_COMMON)),
+    "opt": lambda T: T.OPTModel(T.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **{k: v for k, v in _DECODER.items() if k != "intermediate_size"})),
+    "bloom": lambda T: T.BloomModel(T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, use_cache=False, **_COMMON)),
+    "falcon": lambda T: T.FalconModel(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, use_cache=False, **_COMMON)),
+}
 
-def _vision(T, tv, name: str):
-    """(builder, image side or None for a dynamic image size)."""
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    stages = dict(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])
-    return {
-        "hf_convnext": (lambda: T.ConvNextModel(T.ConvNextConfig(**stages)), None),
-        "hf_resnet": (lambda: T.ResNetModel(T.ResNetConfig(embedding_size=8, **stages)), None),
-        "hf_segformer": (lambda: T.SegformerModel(T.SegformerConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
-                                                                     num_attention_heads=[1, 1, 2, 2])), None),
-        "hf_dinov2": (lambda: T.Dinov2Model(T.Dinov2Config(image_size=32, patch_size=8, layerscale_value=0.1, **small)), None),
-        "hf_swin": (lambda: T.SwinModel(T.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
-                                                      window_size=4)), 64),
-        "hf_deit": (lambda: T.DeiTModel(T.DeiTConfig(image_size=32, patch_size=8, **small)), 32),
-        "hf_clip_vision": (lambda: T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, patch_size=8, **small)), 32),
-        "hf_mobilevit": (lambda: T.MobileViTModel(T.MobileViTConfig(image_size=64, hidden_sizes=[16, 24, 32],
-                                                                     neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])), 64),
-        "hf_levit": (lambda: T.LevitModel(T.LevitConfig()), 224),
-        "tv_resnet18": (lambda: tv.resnet18(num_classes=10), None),
-        "tv_resnext50": (lambda: tv.resnext50_32x4d(num_classes=10), None),
-        "tv_mobilenet_v2": (lambda: tv.mobilenet_v2(num_classes=10), None),
-        "tv_mobilenet_v3": (lambda: tv.mobilenet_v3_large(num_classes=10), None),
-        "tv_efficientnet_b0": (lambda: tv.efficientnet_b0(num_classes=10), None),
-        "tv_efficientnet_v2_s": (lambda: tv.efficientnet_v2_s(num_classes=10), None),
-        "tv_regnet_y": (lambda: tv.regnet_y_400mf(num_classes=10), None),
-        "tv_mnasnet": (lambda: tv.mnasnet0_5(num_classes=10), None),
-        "tv_shufflenet_v2": (lambda: tv.shufflenet_v2_x0_5(num_classes=10), None),
-        "tv_densenet121": (lambda: tv.densenet121(num_classes=10), None),
-        "tv_vgg11_bn": (lambda: tv.vgg11_bn(num_classes=10), None),
-        "tv_inception_v3": (lambda: tv.inception_v3(num_classes=10, aux_logits=False, init_weights=True), 299),
-        "tv_vit_b_16": (lambda: _random_head(tv.vit_b_16(num_classes=10)), 224),
-        "tv_swin_t": (lambda: tv.swin_t(num_classes=10), 224),
-        "tv_maxvit_t": (lambda: tv.maxvit_t(num_classes=10), 224),
-        "tv_convnext_tiny": (lambda: tv.convnext_tiny(num_classes=10), None),
-        "tv_squeezenet": (lambda: tv.squeezenet1_1(num_classes=10), None),
-        "tv_googlenet": (lambda: tv.googlenet(num_classes=10, aux_logits=False, init_weights=True), None),
-    }.get(name)
+# vision models: name -> (builder of transformers (`T`, hf_) or torchvision.models (`tv`, tv_), image side or None for a dynamic
+# image size)
+VISION = {
+    "hf_convnext": (lambda T: T.ConvNextModel(T.ConvNextConfig(**_STAGES)), None),
+    "hf_resnet": (lambda T: T.ResNetModel(T.ResNetConfig(embedding_size=8, **_STAGES)), None),
+    "hf_segformer": (lambda T: T.SegformerModel(T.SegformerConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
+                                                                 num_attention_heads=[1, 1, 2, 2])), None),
+    "hf_dinov2": (lambda T: T.Dinov2Model(T.Dinov2Config(image_size=32, patch_size=8, layerscale_value=0.1, **_SMALL)), None),
+    "hf_swin": (lambda T: T.SwinModel(T.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                                  window_size=4)), 64),
+    "hf_deit": (lambda T: T.DeiTModel(T.DeiTConfig(image_size=32, patch_size=8, **_SMALL)), 32),
+    "hf_clip_vision": (lambda T: T.CLIPVisionModel(T.CLIPVisionConfig(image_size=32, patch_size=8, **_SMALL)), 32),
+    "hf_mobilevit": (lambda T: T.MobileViTModel(T.MobileViTConfig(image_size=64, hidden_sizes=[16, 24, 32],
+                                                                 neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64])), 64),
+    "hf_levit": (lambda T: T.LevitModel(T.LevitConfig()), 224),
+    "tv_resnet18": (lambda tv: tv.resnet18(num_classes=10), None),
+    "tv_resnext50": (lambda tv: tv.resnext50_32x4d(num_classes=10), None),
+    "tv_mobilenet_v2": (lambda tv: tv.mobilenet_v2(num_classes=10), None),
+    "tv_mobilenet_v3": (lambda tv: tv.mobilenet_v3_large(num_classes=10), None),
+    "tv_efficientnet_b0": (lambda tv: tv.efficientnet_b0(num_classes=10), None),
+    "tv_efficientnet_v2_s": (lambda tv: tv.efficientnet_v2_s(num_classes=10), None),
+    "tv_regnet_y": (lambda tv: tv.regnet_y_400mf(num_classes=10), None),
+    "tv_mnasnet": (lambda tv: tv.mnasnet0_5(num_classes=10), None),
+    "tv_shufflenet_v2": (lambda tv: tv.shufflenet_v2_x0_5(num_classes=10), None),
+    "tv_densenet121": (lambda tv: tv.densenet121(num_classes=10), None),
+    "tv_vgg11_bn": (lambda tv: tv.vgg11_bn(num_classes=10), None),
+    "tv_inception_v3": (lambda tv: tv.inception_v3(num_classes=10, aux_logits=False, init_weights=True), 299),
+    "tv_vit_b_16": (lambda tv: _random_head(tv.vit_b_16(num_classes=10)), 224),
+    "tv_swin_t": (lambda tv: tv.swin_t(num_classes=10), 224),
+    "tv_maxvit_t": (lambda tv: tv.maxvit_t(num_classes=10), 224),
+    "tv_convnext_tiny": (lambda tv: tv.convnext_tiny(num_classes=10), None),
+    "tv_squeezenet": (lambda tv: tv.squeezenet1_1(num_classes=10), None),
+    "tv_googlenet": (lambda tv: tv.googlenet(num_classes=10, aux_logits=False, init_weights=True), None),
+}
 
 
 def _random_head(vit):
@@ -100,19 +99,14 @@ def _random_head(vit):
     return vit
 
 
-NAMES = ["distilbert", "roberta", "albert", "electra", "deberta_v2", "mpnet", "convbert", "t5_encoder", "bart_encoder", "gpt2", "llama",
-         "mistral", "qwen2", "gemma", "phi", "gpt_neox", "gptj", "opt", "bloom", "falcon", "hf_convnext", "hf_resnet", "hf_segformer",
-         "hf_dinov2", "hf_swin", "hf_deit", "hf_clip_vision", "hf_mobilevit", "hf_levit", "tv_resnet18", "tv_resnext50",
-         "tv_mobilenet_v2", "tv_mobilenet_v3", "tv_efficientnet_b0", "tv_efficientnet_v2_s", "tv_regnet_y", "tv_mnasnet",
-         "tv_shufflenet_v2", "tv_densenet121", "tv_vgg11_bn", "tv_inception_v3", "tv_vit_b_16", "tv_swin_t", "tv_maxvit_t",
-         "tv_convnext_tiny", "tv_squeezenet", "tv_googlenet"]
+NAMES = [*TEXT, *VISION]
 
 
 def check_one(name: str, dynamo: bool) -> dict:
     """Builds, compiles and checks one model in this process."""
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
     import torch
-    from library_models import LastHiddenState, declare_torchvision_ops
+    from library_models import LastHiddenState, PixelFeatures, declare_torchvision_ops
     from torch.export import Dim
 
     import disc_stablehlo as disc
@@ -123,8 +117,8 @@ def check_one(name: str, dynamo: bool) -> dict:
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    if (build := _text(T, name)) is not None:
-        model = LastHiddenState(build().eval())
+    if name in TEXT:
+        model = LastHiddenState(TEXT[name](T).eval())
         batch, seq = Dim("batch", max=32), Dim("seq", max=120)
         dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
 
@@ -134,17 +128,8 @@ def check_one(name: str, dynamo: bool) -> dict:
             return torch.randint(3, VOCAB, (b, s), generator=g), mask
         shapes = [(1, 5), (3, 17), (2, 40)]
     else:
-        build, side = _vision(T, torchvision.models, name)
-
-        class Features(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, x):
-                out = self.m(pixel_values=x) if "hf_" in name else self.m(x)
-                return getattr(out, "last_hidden_state", None) if not isinstance(out, torch.Tensor) else out
-        model = Features(build().eval())
+        build, side = VISION[name]
+        model = PixelFeatures(build(T).eval()) if name.startswith("hf_") else build(torchvision.models).eval()
         dims = {0: Dim("batch", max=32)} if side else {0: Dim("batch", max=32), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}
         dynamic = {"x": dims}
         shapes = [(1, side, side), (3, side, side), (2, side, side)] if side else [(1, 64, 64), (3, 96, 80), (2, 128, 112)]
