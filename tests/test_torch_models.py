@@ -453,3 +453,18 @@ def test_padding_mask_read_by_aranges_stays_a_plain_read():
     for bb, ss in [(1, 1), (3, 7)]:
         x, m = torch.randn(bb, 2, ss, ss), torch.rand(bb, ss) > 0.3
         torch.testing.assert_close(compiled(x, m), model(x, m))
+
+
+def test_as_strided_of_a_transposed_view_reads_its_storage():
+    """`as_strided` reads a tensor's storage, not its elements in order: of a transposed view in
+    row-major strides it is the untransposed data, not the view (only a tensor laid out row-major
+    is itself under such an as_strided)."""
+
+    class StorageRead(torch.nn.Module):
+        def forward(self, x):
+            t = x.t()
+            return torch.as_strided(t, t.shape, (t.shape[1], 1)) * 2
+
+    model = StorageRead()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(disc.compile(model, (x,))(x), model(x))

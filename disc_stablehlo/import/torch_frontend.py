@@ -85,22 +85,24 @@ def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = N
 
 
 def _as_strided(x: Any, size: Any, stride: Any, storage_offset: Any = None) -> Any:
-    """`as_strided` that reads the tensor in its own row-major order (dims of size 1 have any
-    stride) is the tensor: decompositions that restore a memory format write it (adaptive average
-    pooling to 1x1 of a channels-last input: torchvision's Swin), and torch-mlir takes as_strided
-    with static sizes only. Other uses are left to torch-mlir (NotImplemented keeps the op)."""
+    """`as_strided` of a tensor laid out row-major from the start of its storage, reading it in
+    that same order (dims of size 1 have any stride), is the tensor: decompositions that restore a
+    memory format write it (adaptive average pooling to 1x1 of a channels-last input:
+    torchvision's Swin), and torch-mlir takes as_strided with static sizes only. Other uses,
+    a view of another layout among them (as_strided reads its storage, not its elements in
+    order), are left to torch-mlir (NotImplemented keeps the op)."""
     import torch
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-    if not (storage_offset in (None, 0) and len(size) == x.dim()):
+    if not (storage_offset in (None, 0) and len(size) == x.dim() and statically_known_true(x.storage_offset() == 0)):
         return NotImplemented
     expected: Any = 1
-    for n, have, step in reversed(list(zip(size, x.shape, stride))):
+    for n, have, step, own in reversed(list(zip(size, x.shape, stride, x.stride()))):
         if not statically_known_true(n == have):
             return NotImplemented
         if statically_known_true(n == 1):
             continue
-        if not statically_known_true(step == expected):
+        if not (statically_known_true(step == expected) and statically_known_true(own == expected)):
             return NotImplemented
         expected = expected * n
     return torch.ops.aten.alias.default(x)
