@@ -520,6 +520,21 @@ def test_transposed_gemm_operands_are_read_in_place():
         np.testing.assert_allclose(g(x, w), reordered(x, w), rtol=1e-5, atol=1e-5)
 
 
+def test_an_op_with_attributes_on_a_transposed_tensor_moves_above_the_transpose():
+    """A comparison (an elementwise op with an attribute, its direction) of a transposed tensor
+    with a scalar runs before the transpose, attributes and all."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    def masked(x):
+        return jnp.where(jnp.swapaxes(x, 0, 1) > 0.5, 1.0, 0.0)
+
+    f = disc.compile(masked, *specs_for([(("b", "s"), np.float32)], "b, s"))
+    for b, s in [(1, 1), (3, 5)]:
+        x = np.random.default_rng(b + s).random((b, s)).astype(np.float32)
+        np.testing.assert_array_equal(f(x), masked(x))
+
+
 def test_grouped_query_attention_reads_each_key_value_head_once_per_group():
     """Keys and values with 2 heads repeated for 8 query heads (`jnp.repeat`: a new dim broadcast
     to 4 and merged with the heads) are read where they are, each head serving 4 query heads

@@ -360,6 +360,24 @@ def test_divisibility_reaches_the_loops():
         f(np.ones((2, 20), np.float32))
 
 
+def test_reshape_segments_pair_runs_of_equal_product():
+    """A reshape is cut into the shortest runs of its operand's dims and its result's dims with
+    equal products, in order (a collapse of each run, then an expand); size-1 dims at the end
+    join the last run; no cut exists where the products never meet."""
+    from disc_stablehlo.bounded_dynamism.analysis import ShapeFacts, find_segments
+
+    b, s = Dim.var("b"), Dim.var("s")
+    c = Dim.const
+    facts = ShapeFacts()
+    # nn.MultiheadAttention's queries: [1, s, b, 768] -> [s, 12 b, 64]
+    assert find_segments(facts, [c(1), s, b, c(768)], [s, c(12) * b, c(64)]) == [([0, 1], [0]), ([2, 3], [1, 2])]
+    assert find_segments(facts, [b, s, c(8)], [b, s, c(4), c(2)]) == [([0], [0]), ([1], [1]), ([2], [2, 3])]
+    assert find_segments(facts, [b, s, c(4), c(2)], [b * s, c(8)]) == [([0, 1], [0]), ([2, 3], [1])]
+    assert find_segments(facts, [b, s, c(1)], [b, s]) == [([0], [0]), ([1, 2], [1])]
+    assert find_segments(facts, [b, s], [s, b]) == [([0, 1], [0, 1])]  # merged, then split again
+    assert find_segments(facts, [b, s], [b, s, c(2)]) is None
+
+
 def test_proven_reshapes_are_expand_and_collapse(monkeypatch):
     """[b, s, 8] -> [b, s, 4, 2] and back: the analysis proves each reshape only splits or merges
     dims, so they lower to expand/collapse_shape (no shape buffer, dims fold): one kernel and one
@@ -372,7 +390,7 @@ def test_proven_reshapes_are_expand_and_collapse(monkeypatch):
     specs = specs_for([(("b", "s", 8), np.float32)], "b, s")
     proven = disc.compile(fn, *specs)
     monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched pass runs in this process
-    monkeypatch.setattr(analysis, "_reassociation", lambda *a: None)
+    monkeypatch.setattr(analysis, "find_segments", lambda *a: None)
     generic = disc.compile(fn, *specs)
     x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(np.float32)
     np.testing.assert_allclose(proven(x), fn(x), rtol=1e-5, atol=1e-6)

@@ -373,6 +373,28 @@ def test_attention_heads_need_no_transpose_copies():
         torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
 
 
+def test_sequence_first_attention_takes_queries_keys_and_values_without_copying_its_projection():
+    """`nn.MultiheadAttention` (sequence first) unflattens its packed projection, transposes it,
+    slices queries, keys and values out of the transpose and reshapes each into heads
+    (`view(s, b * heads, 8)`, a merge and a split of dims). The slices take their parts of the
+    projection itself and the reshapes are views: no kernel copies; one loop writes the heads of
+    all three (the queries scaled), besides the bias, the softmax and the output's bias."""
+    class SequenceFirst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = torch.nn.MultiheadAttention(32, 4)
+
+        def forward(self, x):
+            return self.attention(x, x, x, need_weights=False)[0]
+
+    model = SequenceFirst().eval()
+    compiled = disc.compile(model, (torch.randn(5, 2, 32),), dynamic_shapes={"x": {0: Dim("s"), 1: Dim("b")}})
+    assert not any(k.kind == "copy" for k in compiled.kernels) and len(compiled.kernels) == 4, compiled.kernels
+    for s, b in [(1, 1), (7, 3), (20, 2)]:
+        x = torch.randn(s, b, 32)
+        torch.testing.assert_close(compiled(x), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_grouped_query_attention_reads_shared_keys_and_values_without_repeating_them():
     """Grouped-query attention as `transformers` writes it: 2 key/value heads expanded to the 8
     query heads (`repeat_kv`: a size-1 dim broadcast to 4, merged into the heads). Both products

@@ -228,7 +228,8 @@ def _same_shape(w: _Walker, values: list[ir.Value], why: str) -> list[Dim]:
 
 
 _ARITH = {"stablehlo.add": lambda a, b: a + b, "stablehlo.subtract": lambda a, b: a - b,
-          "stablehlo.multiply": lambda a, b: a * b}
+          "stablehlo.multiply": lambda a, b: a * b, "arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b,
+          "arith.muli": lambda a, b: a * b}
 
 
 @_rule(*(f"stablehlo.{n}" for n in ELEMENTWISE - {"select"}))  # select: its own rule (scalar predicate)
@@ -320,6 +321,15 @@ def _arith_select(w: _Walker, op: ir.Operation):
     return None
 
 
+@_rule("arith.addi", "arith.subi", "arith.muli")
+def _scalar_arith(w: _Walker, op: ir.Operation):
+    """Size arithmetic on scalars (torch-mlir's `view(s, b * heads, 64)` multiplies in i64)."""
+    contents = [w.content.get(v) for v in op.operands]
+    if not isinstance(op.result.type, ir.ShapedType) and all(c is not None and len(c) == 1 for c in contents):
+        w.content[op.result] = [_ARITH[op.name](contents[0][0], contents[1][0])]
+    return None
+
+
 @_rule("arith.index_cast")
 def _index_cast(w: _Walker, op: ir.Operation):
     if (c := w.content.get(op.operands[0])) is not None:
@@ -405,11 +415,11 @@ def _dims_from_shape_operand(w: _Walker, op: ir.Operation):
     if out is not None and op.name == "stablehlo.dynamic_reshape":
         w.facts.union(_product(w.of(op.operands[0])), _product(out), "dynamic_reshape keeps the element count")
         src = w.of(op.operands[0])
-        groups = _reassociation(w.facts, src, out)
-        if groups is not None:
-            op.attributes[REASSOCIATION_ATTR] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(g) for g in groups])
-            short, long_ = (src, out) if len(src) <= len(out) else (out, src)
-            _relies_on(op, [f"{d} == {p}" for d, g in zip(short, groups) if d != (p := _product([long_[j] for j in g]))])
+        segments = find_segments(w.facts, src, out)
+        if segments is not None:
+            set_segments(op, segments)
+            _relies_on(op, [f"{_product([src[i] for i in s])} == {_product([out[j] for j in d])}" for s, d in segments
+                            if len(s) + len(d) > 2 or src[s[0]] != out[d[0]]])
     return [out] if out is not None else None
 
 
@@ -420,33 +430,63 @@ def _relies_on(op: ir.Operation, facts: list[str]) -> None:
         tag_facts(operation(use.owner), facts)
 
 
-REASSOCIATION_ATTR = "disc.reassociation"  # on a dynamic_reshape proven to only split or merge dims, or to keep them
+SEGMENTS_ATTR = "disc.segments"  # on a reshape proven to be a merge of runs of its operand's dims, each then split
 
 
-def _reassociation(facts: ShapeFacts, src: list[Dim], dst: list[Dim]) -> list[list[int]] | None:
-    """For a reshape that only splits dims (or only merges them, or keeps them all): the groups of
-    the longer side's dims whose products are the shorter side's dims, in order; None when the
-    facts cannot show it."""
-    short, long_ = (src, dst) if len(src) <= len(dst) else (dst, src)
-    if len(short) == len(long_):  # the same dims: no reshape at all
-        return [[i] for i in range(len(src))] if all(facts.equal(a, b) for a, b in zip(src, dst)) else None
-    if not short:
+def set_segments(op: ir.Operation, segments: list[tuple[list[int], list[int]]]) -> None:
+    op.attributes[SEGMENTS_ATTR] = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get(s), ir.DenseI64ArrayAttr.get(d)])
+                                                     for s, d in segments])
+
+
+def segments(op: ir.Operation | ir.Block) -> list[tuple[list[int], list[int]]] | None:
+    """A reshape's segments (`find_segments`), when the analysis proved them."""
+    if isinstance(op, ir.Block) or SEGMENTS_ATTR not in op.attributes:
         return None
-    groups, j = [], 0
-    for i, d in enumerate(short):
-        group, product = [], Dim.const(1)
-        while j < len(long_) and (not group or not facts.equal(product, d)):
-            group.append(j)
-            product = product * long_[j]
-            j += 1
-        if not group or not facts.equal(product, d):  # no dim left for a trailing 1: not a pure split or merge
+    return [(list(ir.DenseI64ArrayAttr(p[0])), list(ir.DenseI64ArrayAttr(p[1]))) for p in map(ir.ArrayAttr, ir.ArrayAttr(op.attributes[SEGMENTS_ATTR]))]
+
+
+def reassociation(op: ir.Operation | ir.Block) -> list[list[int]] | None:
+    """For a reshape that only splits dims, or only merges them, or keeps them all: the groups
+    of the longer side's dims whose products are the shorter side's dims, in order."""
+    segs = segments(op)
+    if segs is None:
+        return None
+    if all(len(s) == 1 for s, _ in segs):
+        return [d for _, d in segs]
+    if all(len(d) == 1 for _, d in segs):
+        return [s for s, _ in segs]
+    return None
+
+
+def find_segments(facts: ShapeFacts, src: list[Dim], dst: list[Dim]) -> list[tuple[list[int], list[int]]] | None:
+    """A reshape as consecutive runs of its operand's dims, each merged and split into a run of
+    its result's dims of the same product (the shortest runs that match, in order: [1, 197, b,
+    768] -> [197, 12 b, 64] is [1, 197] -> [197] and [b, 768] -> [12 b, 64]); size-1 dims at the
+    end join the last run. None when the facts cannot show it, or a side has no dims."""
+    if not src or not dst:
+        return None
+    out, i, j = [], 0, 0
+    while i < len(src) and j < len(dst):
+        found = None
+        for total in range(2, len(src) - i + len(dst) - j + 1):  # shortest runs first
+            for a in range(max(1, total - (len(dst) - j)), min(total - 1, len(src) - i) + 1):
+                if facts.equal(_product(src[i:i + a]), _product(dst[j:j + total - a])):
+                    found = (a, total - a)
+                    break
+            if found:
+                break
+        if found is None:
             return None
-        if i == len(short) - 1:  # trailing size-1 dims join the last group
-            while j < len(long_) and facts.equal(long_[j], Dim.const(1)):
-                group.append(j)
-                j += 1
-        groups.append(group)
-    return groups if j == len(long_) else None
+        out.append((list(range(i, i + found[0])), list(range(j, j + found[1]))))
+        i, j = i + found[0], j + found[1]
+    one = Dim.const(1)
+    while i < len(src) and facts.equal(src[i], one):
+        out[-1][0].append(i)
+        i += 1
+    while j < len(dst) and facts.equal(dst[j], one):
+        out[-1][1].append(j)
+        j += 1
+    return out if i == len(src) and j == len(dst) else None
 
 
 @_rule("stablehlo.transpose")

@@ -11,7 +11,7 @@ import math
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from ..bounded_dynamism.analysis import IOTA_INDICES_ATTR, REASSOCIATION_ATTR
+from ..bounded_dynamism.analysis import IOTA_INDICES_ATTR, segments
 from ..mlir_support import int_list
 from .lower import LoweringState, Text, register_rewrite, register_template
 
@@ -176,22 +176,28 @@ def _concatenate(op, t: Text, state):
 
 @register_template("stablehlo.dynamic_reshape")
 def _dynamic_reshape(op, t: Text, state):
-    """A reshape the analysis proved to only split or only merge dims is an expand_shape /
-    collapse_shape (whose dims fold, and which upstream fusion moves through elementwise ops),
+    """A reshape the analysis proved to merge runs of dims and split them (`segments`) is a
+    collapse_shape and an expand_shape, each left out where it would do nothing: views of the
+    operand's buffer (whose dims fold, and which upstream fusion moves through elementwise ops);
     one proved to keep every dim is its operand; any other is a tensor.reshape by the shape
-    operand."""
+    operand (of a contiguous buffer: a view is copied first)."""
     src, dst = op.operands[0].type, op.result.type
-    if REASSOCIATION_ATTR not in op.attributes:
+    segs = segments(op)
+    if segs is None:
         return [t(f"tensor.reshape %a0(%a1) : ({src}, {op.operands[1].type}) -> {dst}")]
-    groups = [list(ir.DenseI64ArrayAttr(g)) for g in ir.ArrayAttr(op.attributes[REASSOCIATION_ATTR])]
-    if ir.RankedTensorType(src).rank == ir.RankedTensorType(dst).rank:  # the dims stay
+    if all(len(s) == len(d) == 1 for s, d in segs):  # the dims stay
         return ["%a0" if src == dst else t(f"tensor.cast %a0 : {src} to {dst}")]
-    if ir.RankedTensorType(src).rank > ir.RankedTensorType(dst).rank:
-        return [t(f"tensor.collapse_shape %a0 {groups} : {src} into {dst}")]
+    st, rt = ir.RankedTensorType(src), ir.RankedTensorType(dst)
+    value, vtype = "%a0", str(src)
+    if any(len(s) > 1 for s, _ in segs):
+        sizes = ["?" if any(st.is_dynamic_dim(i) for i in s) else str(math.prod(st.shape[i] for i in s)) for s, _ in segs]
+        vtype = f"tensor<{''.join(x + 'x' for x in sizes)}{st.element_type}>"
+        value = t(f"tensor.collapse_shape %a0 {[s for s, _ in segs]} : {src} into {vtype}")
+    if all(len(d) == 1 for _, d in segs):
+        return [value if vtype == str(dst) else t(f"tensor.cast {value} : {vtype} to {dst}")]
     dims = _result_dims(t, op, "%a1", op.operands[1].type)
-    rt = ir.RankedTensorType(dst)
     shape = ", ".join(str(rt.shape[i]) if not rt.is_dynamic_dim(i) else dims[i] for i in range(rt.rank))
-    return [t(f"tensor.expand_shape %a0 {groups} output_shape [{shape}] : {src} into {dst}")]
+    return [t(f"tensor.expand_shape {value} {[d for _, d in segs]} output_shape [{shape}] : {vtype} into {dst}")]
 
 
 @register_template("stablehlo.real_dynamic_slice")

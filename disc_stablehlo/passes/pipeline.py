@@ -29,6 +29,7 @@ from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_ra
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
+from .views import transposes_below_slices
 from .lower import lower_module
 from .math_ops import integer_powers_as_products, keep_exp_vectorised
 from .shape_dialect import resolve_ranked_shapes
@@ -120,6 +121,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         # 6. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls; the facts
         #    are with the analysis (and in the saved module) and the code is not run
         constraint_function(module).erase()
+        transposes_below_slices(module)
         transposes_below_scalar_ops(module)
         lower_module(module)
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining lowered ops")
