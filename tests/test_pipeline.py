@@ -233,6 +233,22 @@ def test_vector_math_maps_to_libmvec_within_the_target_width():
     assert _libmvec_name("llvm.fabs.v16f32", 512) is None  # not a libm function
 
 
+def test_division_by_a_row_invariant_is_a_multiplication_by_its_reciprocal():
+    """Softmax divides each row by its sum: `arcp` lets LLVM compute the reciprocal once per row
+    and multiply (a vector division per element is among the slowest instructions). A division by
+    a value that changes with the element stays a correctly rounded division."""
+    import jax
+    from conftest import specs_for
+
+    soft = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), *specs_for([(("b", "s"), np.float32)], "b, s"))
+    div = disc.compile(lambda x, y: x / y, *specs_for([(("b", "s"), np.float32)] * 2, "b, s"))
+    assert "fdiv arcp" in soft.llvm_ir and "fdiv arcp" not in div.llvm_ir
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((3, 37)).astype(np.float32) for _ in range(2))
+    np.testing.assert_allclose(soft(x), jax.nn.softmax(x, axis=-1), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(div(x, y), x / y)
+
+
 def test_loops_vectorise_at_the_full_avx512_width(tmp_path):
     """On an AVX-512 host the loop vectoriser uses 512-bit vectors (LLVM's tuning for these cores
     prefers 256): a tanh loop calls libmvec's 16-lane tanhf."""

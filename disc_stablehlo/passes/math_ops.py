@@ -6,7 +6,14 @@ inputs are shifted up by 64 and the result scaled by exp(-64) instead (IEEE mult
 rounds into the denormal range as exp would), so every lane stays on the vector path.
 
 `powf` by a constant small whole exponent (GELU-tanh's `x ** 3`) is a call of libm's scalar
-`powf` per element: it becomes multiplications."""
+`powf` per element: it becomes multiplications.
+
+A division by a value the innermost loop does not change (softmax's and layer norm's division
+of a row by its sum or deviation) is a vector division per element, among the slowest vector
+instructions: it becomes a multiplication by the reciprocal, computed once per row (`arcp`,
+which LLVM's loop-invariant code motion hoists). The result may differ from the division by one
+unit in the last place, as PyTorch's own softmax and layer norm do (they multiply by the
+reciprocal too)."""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ import math
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, walk
+from ..mlir_support import create_value, defined_outside, walk
 
 _LOW = -80.0       # below this, the shifted path
 _SHIFT = 64.0
@@ -67,4 +74,22 @@ def integer_powers_as_products(module: ir.Module) -> int:
         op.result.replace_all_uses_with(result)
         op.erase()
         count += 1
+    return count
+
+
+def _innermost_loop(op: ir.Operation) -> ir.Operation | None:
+    parent = op.parent
+    while parent is not None and parent.name not in ("scf.for", "scf.parallel"):
+        parent = parent.parent
+    return parent
+
+
+def reciprocals_of_row_divisors(module: ir.Module) -> int:
+    """Marks every float division whose divisor is defined outside its innermost loop `arcp`;
+    returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        if op.name == "arith.divf" and (loop := _innermost_loop(op)) is not None and defined_outside(op.operands[1], loop):
+            op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<arcp>")
+            count += 1
     return count

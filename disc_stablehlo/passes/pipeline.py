@@ -31,7 +31,7 @@ from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fu
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import lower_module
-from .math_ops import integer_powers_as_products, keep_exp_vectorised
+from .math_ops import integer_powers_as_products, keep_exp_vectorised, reciprocals_of_row_divisors
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
@@ -151,6 +151,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         hoist_invariant_loads(module)
         keep_exp_vectorised(module)
         integer_powers_as_products(module)
+        reciprocals_of_row_divisors(module)
         version_vector_tails(module, target.vector_elements())
         version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
