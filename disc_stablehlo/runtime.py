@@ -24,6 +24,7 @@ from .artifact import Artifact
 from .errors import ArtifactError, DiscError, RuntimeFailure, ShapeError
 
 RAL_LIBRARY = "libdisc_ral.so"
+RAL_ERR_SHAPE = 5  # ral/ral.h: a size the program computed at run time is negative or overflows
 
 
 def ral_library_dir() -> str:
@@ -52,6 +53,7 @@ def ral() -> ctypes.CDLL:
         ("ral_context_destroy", None, [vp]),
         ("ral_context_enter", vp, [vp]),
         ("ral_context_status", ctypes.c_int, [vp]),
+        ("ral_context_call", ctypes.c_int, [vp, vp, vp, vp]),
         ("ral_context_message", ctypes.c_char_p, [vp]),
         ("ral_context_take", ctypes.c_int, [vp, vp]),
         ("ral_buffer_free", None, [vp, vp]),
@@ -146,18 +148,20 @@ def default_runtime() -> Runtime:
 
 class PackedFunction:
     """One packed entry point of a compiled shared object (docs/artifact.md): `(void **args, void
-    *results)`, results as consecutive memref descriptors (3 + 2 * rank int64 words each)."""
+    *results)`, results as consecutive memref descriptors (3 + 2 * rank int64 words each), called
+    through the RAL (`ral_context_call`: a failed allocation ends the call there)."""
 
     def __init__(self, lib: ctypes.CDLL, name: str, result_ranks: Sequence[int]):
-        self.fn = getattr(lib, name)
-        self.fn.restype, self.fn.argtypes = None, [ctypes.c_void_p, ctypes.c_void_p]
+        self.address = symbol_address(lib, name)
         self.ranks = list(result_ranks)
         self.starts = np.cumsum([0] + [3 + 2 * r for r in self.ranks]).tolist()
 
-    def __call__(self, args: int) -> list[np.ndarray]:
-        """`args`: the address of the argument pointers (`descriptors`); each result's descriptor words."""
+    def __call__(self, ctx: ctypes.c_void_p, args: int) -> list[np.ndarray]:
+        """`ctx`: the current context; `args`: the address of the argument pointers
+        (`descriptors`). Each result's descriptor words; the context's status says whether the
+        call failed."""
         words = np.zeros(max(1, self.starts[-1]), np.int64)
-        self.fn(args, words.ctypes.data)
+        ral().ral_context_call(ctx, self.address, args, words.ctypes.data)
         return [words[a:b] for a, b in zip(self.starts, self.starts[1:])]
 
 
@@ -233,6 +237,7 @@ class Executable:
         self.guard = PackedFunction(self.lib, art.header["guard"], [1]) if art.header["guard"] else None
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        arrays = [a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("=")) for a in arrays]  # other byte order: converted
         self.signature.check(arrays)
         arrays = [np.ascontiguousarray(a) for a in arrays] + self.params
         lib, ctx = ral(), ctypes.c_void_p()
@@ -242,8 +247,8 @@ class Executable:
         try:
             _keep, args = descriptors(arrays)
             if self.guard is not None:
-                self._check_guard(ctx, self.guard(args)[0])
-            results = self.entry(args)
+                self._check_guard(ctx, self.guard(ctx, args)[0])
+            results = self.entry(ctx, args)
             self._check_status(ctx)
             return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
         finally:
@@ -251,8 +256,9 @@ class Executable:
             lib.ral_context_destroy(ctx)
 
     def _check_status(self, ctx: ctypes.c_void_p) -> None:
-        if ral().ral_context_status(ctx) != 0:
-            raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+        status = ral().ral_context_status(ctx)
+        if status != 0:
+            raise (ShapeError if status == RAL_ERR_SHAPE else RuntimeFailure)(ral().ral_context_message(ctx).decode())
 
     def _check_guard(self, ctx: ctypes.c_void_p, packed: np.ndarray) -> None:
         self._check_status(ctx)

@@ -247,3 +247,13 @@ print(default_runtime().blas)
         except importlib.metadata.PackageNotFoundError:
             has_mkl = False
         assert ("libmkl_rt" in loaded) == has_mkl, loaded
+
+
+def test_arrays_in_the_other_byte_order_are_converted():
+    """A big-endian float32 array is the float32 argument it holds (numpy reads such files)."""
+    f = disc.compile("""func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
+      %0 = stablehlo.add %a, %a : tensor<?xf32>
+      return %0 : tensor<?xf32>
+    }""")
+    x = np.arange(5, dtype=">f4")
+    np.testing.assert_array_equal(f(x), 2 * x.astype(np.float32))

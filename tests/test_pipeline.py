@@ -668,7 +668,7 @@ def test_constant_whole_powers_are_products():
 
     cube = disc.compile(lambda x: jnp.power(x, 3.0) + jnp.power(x, 2.0), *specs_for([(("n",), np.float32)], "n"))
     other = disc.compile(lambda x: jnp.power(x, 2.5), *specs_for([(("n",), np.float32)], "n"))
-    assert "pow" not in cube.llvm_ir and "pow" in other.llvm_ir  # llvm.pow.f32, which becomes a call of powf
+    assert "@llvm.pow." not in cube.llvm_ir and "@llvm.pow." in other.llvm_ir  # becomes a call of powf
     x = np.random.default_rng(0).uniform(-3, 3, 37).astype(np.float32)
     np.testing.assert_allclose(cube(x), x ** 3 + x ** 2, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(other(np.abs(x)), np.abs(x) ** 2.5, rtol=1e-6)

@@ -396,3 +396,24 @@ def test_proven_reshapes_are_expand_and_collapse(monkeypatch):
     np.testing.assert_allclose(proven(x), fn(x), rtol=1e-5, atol=1e-6)
     assert (len(proven.kernels), len(generic.kernels)) == (1, 2)
     assert _allocations_per_call(proven, x) == _allocations_per_call(generic, x) - 1
+
+
+def test_sizes_computed_at_run_time_are_checked_before_anything_is_allocated():
+    """A size the program computes from a value (an iota of n rows): a negative one and one
+    whose byte count overflows are ShapeErrors naming the buffer, an allocation the machine
+    cannot make is a DiscError with the size asked for, and nothing runs after any of them (no
+    kernel writes past a wrapped-around size); the next call works."""
+    f = disc.compile("""func.func @main(%n: tensor<i64>) -> tensor<?x4xf32> {
+      %s = stablehlo.reshape %n : (tensor<i64>) -> tensor<1xi64>
+      %f = stablehlo.constant dense<4> : tensor<1xi64>
+      %sh = stablehlo.concatenate %s, %f, dim = 0 : (tensor<1xi64>, tensor<1xi64>) -> tensor<2xi64>
+      %0 = stablehlo.dynamic_iota %sh, dim = 0 : (tensor<2xi64>) -> tensor<?x4xf32>
+      return %0 : tensor<?x4xf32>
+    }""")
+    with pytest.raises(disc.ShapeError, match=r"a dim is negative \(-1\)"):
+        f(np.array(-1, np.int64))
+    with pytest.raises(disc.ShapeError, match="overflows 63 bits"):
+        f(np.array(2 ** 62, np.int64))
+    with pytest.raises(disc.DiscError, match=r"out of memory allocating \d+ bytes"):
+        f(np.array(2 ** 45, np.int64))  # 128 TiB: more than any address space gives
+    np.testing.assert_array_equal(f(np.array(3, np.int64)), np.repeat(np.arange(3, dtype=np.float32)[:, None], 4, 1))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import create_value, identity_layout, index_constant, int_constant, operation, walk
+from ..mlir_support import create_value, identity_layout, index_constant, int_constant, location_text, operation, walk
 from .epilogues import behind
 
 ARENA_ALIGNMENT = 64
@@ -283,3 +283,63 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> None:
     terminator = list(block.operations)[-1]
     with ir.InsertionPoint(terminator), entry.location:
         ir.Operation.create("memref.dealloc", operands=[arena])
+
+
+def _element_bytes(t: ir.Type) -> int:
+    if isinstance(t, ir.ComplexType):
+        return 2 * _element_bytes(t.element_type)
+    if isinstance(t, ir.IndexType):
+        return 8
+    width = ir.IntegerType(t).width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
+    return max(1, (width + 7) // 8)
+
+
+def check_allocation_sizes(module: ir.Module, functions: list[str]) -> int:
+    """Before every allocation of a dynamically sized buffer in the host `functions`, a call of
+    `disc_ral_check_alloc` with whether a dim is negative (and its value) or the byte count
+    overflows 63 bits (a dim of 0 aside), and what the buffer is: the RAL then ends the call
+    with a ShapeError instead of allocating a wrapped-around size that kernels would write past.
+    Returns the number of checks."""
+    i64, i1, ptr = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1), ir.Type.parse("!llvm.ptr")
+    top = ir.InsertionPoint.at_block_begin(module.body)
+    checks = 0
+    for func in [op.operation for op in module.body.operations if op.operation.name == "func.func"
+                 and ir.StringAttr(op.attributes["sym_name"]).value in functions]:
+        for alloc in [op for op in walk(func) if op.name == "memref.alloc" and list(op.operands)]:
+            mt = ir.MemRefType(alloc.result.type)
+            static = _element_bytes(mt.element_type)
+            for i in range(mt.rank):
+                static *= 1 if mt.is_dynamic_dim(i) else mt.shape[i]
+            what = f"{location_text(alloc)}: a buffer of {mt}".replace("\\", "\\\\").replace('"', '\\"')
+            site = f"__disc_alloc_site_{checks}"
+            with alloc.location:
+                top.insert(ir.Operation.parse(f'llvm.mlir.global internal constant @{site}("{what}\\00") {{addr_space = 0 : i32}}'))
+            with ir.InsertionPoint(alloc), alloc.location:
+                def const(v: int, t: ir.Type = i64) -> ir.Value:
+                    return create_value("arith.constant", [], t, value=ir.IntegerAttr.get(t, v))
+
+                def test(predicate: int, a: ir.Value) -> ir.Value:  # a against 0: 0 eq, 1 ne, 2 slt
+                    return create_value("arith.cmpi", [a, const(0)], i1, predicate=ir.IntegerAttr.get(i64, predicate))
+
+                def either(a: ir.Value, b: ir.Value) -> ir.Value:
+                    return create_value("arith.ori", [a, b], i1)
+
+                size, negative, value, overflow, empty = const(static), const(0, i1), const(0), const(0, i1), const(0, i1)
+                for d in alloc.operands:
+                    d = create_value("arith.index_cast", [d], i64)
+                    value = create_value("arith.select", [negative, value, d], i64)  # the first negative dim, once one is
+                    negative = either(negative, test(2, d))
+                    empty = either(empty, test(0, d))
+                    product = ir.Operation.create("arith.mului_extended", results=[i64, i64], operands=[size, d])
+                    size = product.results[0]
+                    overflow = either(overflow, either(test(1, product.results[1]), test(2, size)))
+                overflow = create_value("arith.select", [empty, const(0, i1), overflow], i1)
+                status = create_value("arith.select", [negative, const(1), create_value("arith.select", [overflow, const(2), const(0)], i64)], i64)
+                address = create_value("llvm.mlir.addressof", [], ptr, global_name=ir.FlatSymbolRefAttr.get(site))
+                ir.Operation.create("func.call", operands=[status, value, address],
+                                    attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_check_alloc")})
+            checks += 1
+    if checks:
+        with ir.Location.unknown():
+            top.insert(ir.Operation.parse("func.func private @disc_ral_check_alloc(i64, i64, !llvm.ptr)"))
+    return checks

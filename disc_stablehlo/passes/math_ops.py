@@ -13,7 +13,15 @@ of a row by its sum or deviation) is a vector division per element, among the sl
 instructions: it becomes a multiplication by the reciprocal, computed once per row (`arcp`,
 which LLVM's loop-invariant code motion hoists). The result may differ from the division by one
 unit in the last place, as PyTorch's own softmax and layer norm do (they multiply by the
-reciprocal too)."""
+reciprocal too).
+
+`maximum` / `minimum` of complex numbers compare (real, imaginary) pairs lexicographically, with
+the imaginary parts deciding when the real parts are equal (0.0 and -0.0 included): upstream's
+lowering lets a real part that is merely not smaller win.
+
+`add` of booleans is logical or in StableHLO (true + true = true), where the integer addition it
+would otherwise become wraps (true + true = false): it becomes `or`, in reduction bodies too
+(`any` over booleans is a reduce with `add`)."""
 
 from __future__ import annotations
 
@@ -92,4 +100,50 @@ def reciprocals_of_row_divisors(module: ir.Module) -> int:
         if op.name == "arith.divf" and (loop := _innermost_loop(op)) is not None and defined_outside(op.operands[1], loop):
             op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<arcp>")
             count += 1
+    return count
+
+
+def boolean_sums_as_or(module: ir.Module) -> int:
+    """Rewrites every `stablehlo.add` of i1 tensors into `stablehlo.or`; returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        t = op.result.type if op.name == "stablehlo.add" else None
+        if t is None or ir.RankedTensorType(t).element_type != ir.IntegerType.get_signless(1):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            result = create_value("stablehlo.or", list(op.operands), t)
+        op.result.replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
+
+
+def _compare(direction: str, a: ir.Value, b: ir.Value) -> ir.Value:
+    t = ir.RankedTensorType(a.type)
+    return create_value("stablehlo.compare", [a, b], ir.RankedTensorType.get(t.shape, ir.IntegerType.get_signless(1)),
+                        comparison_direction=ir.Attribute.parse(f"#stablehlo<comparison_direction {direction}>"),
+                        compare_type=ir.Attribute.parse("#stablehlo<comparison_type FLOAT>"))
+
+
+def complex_extrema_lexicographic(module: ir.Module) -> int:
+    """Rewrites complex `maximum` / `minimum` into comparisons of the parts and selects; returns
+    how many."""
+    count = 0
+    for op in walk(module.operation):
+        if op.name not in ("stablehlo.maximum", "stablehlo.minimum"):
+            continue
+        t = ir.RankedTensorType(op.result.type)
+        if not isinstance(t.element_type, ir.ComplexType):
+            continue
+        direction = "GT" if op.name == "stablehlo.maximum" else "LT"
+        part_t = ir.RankedTensorType.get(t.shape, ir.ComplexType(t.element_type).element_type)
+        a, b = op.operands
+        with ir.InsertionPoint(op), op.location:
+            (ra, ia), (rb, ib) = ((create_value("stablehlo.real", [v], part_t), create_value("stablehlo.imag", [v], part_t)) for v in (a, b))
+            first = create_value("stablehlo.select", [_compare("EQ", ra, rb), _compare(direction, ia, ib), _compare(direction, ra, rb)],
+                                 ir.RankedTensorType.get(t.shape, ir.IntegerType.get_signless(1)))
+            result = create_value("stablehlo.select", [first, a, b], t)
+        op.result.replace_all_uses_with(result)
+        op.erase()
+        count += 1
     return count

@@ -22,7 +22,7 @@ from ..mlir_support import describe, find_function, function_type, run_pipeline,
 from . import control_flow, convolution, dynamic_ops, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .top_k import protect_top_k
 from .constants import fold_constant_converts
-from .buffers import free_after_last_use, plan_arena, reuse_equal_buffers
+from .buffers import check_allocation_sizes, free_after_last_use, plan_arena, reuse_equal_buffers
 from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
@@ -31,7 +31,7 @@ from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fu
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import lower_module
-from .math_ops import integer_powers_as_products, keep_exp_vectorised, reciprocals_of_row_divisors
+from .math_ops import boolean_sums_as_or, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised, reciprocals_of_row_divisors
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
@@ -104,7 +104,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO; top_k stays a selection (not a sort)
         protect_top_k(module)
         run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
-        # 3. fold constants and shape computations the frontends leave behind
+        # 3. fold constants and shape computations the frontends leave behind (booleans' sums are
+        #    `or` first: folding them as integers would wrap)
+        boolean_sums_as_or(module)
+        complex_extrema_lexicographic(module)
         fold_constant_converts(module)
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
         entry = _function(module, entry_name)
@@ -167,6 +170,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         kernels = outline_parallel_loops(module)
         shapes.uses += [f"{k.name} ({k.kind}) relies on {', '.join(k.relies_on)}" for k in kernels if k.relies_on]
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
+        # 12. sizes computed at run time are checked before the host code allocates them
+        check_allocation_sizes(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         booleans_as_bytes(module)

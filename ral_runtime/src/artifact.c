@@ -120,8 +120,6 @@ static const char *format_shape(char *buf, size_t n, int rank, const int64_t *si
 /* ------------------------------------------------------------------------------------------ */
 /* the artifact                                                                               */
 
-typedef void (*disc_entry_fn)(void **args, void *results);
-
 typedef struct {
   disc_tensor_spec spec;
   int64_t *dims;
@@ -152,7 +150,7 @@ struct disc_artifact {
   size_t params_block_size;
   disc_json *header; /* owns every string the specs point to */
   void *so;
-  disc_entry_fn entry, guard;
+  ral_entry entry, guard; /* the packed entry points: (void **args, void *results) */
   int num_inputs, num_outputs, num_params, num_assertions;
   tensor_info *inputs, *outputs;
   param_info *params;
@@ -661,7 +659,7 @@ static ral_status find_entries(disc_artifact *a, const disc_json *root) {
   const char *entry = NULL;
   ral_status s = get_string(root, "entry", NULL, &entry);
   if (s) return s;
-  a->entry = (disc_entry_fn)dlsym(a->so, entry);
+  a->entry = (ral_entry)dlsym(a->so, entry);
   if (!a->entry)
     return fail(RAL_ERR_INVALID_ARGUMENT, "the shared object has no entry function '%s' (header \"entry\")", entry);
   const disc_json *guard = disc_json_get(root, "guard");
@@ -669,7 +667,7 @@ static ral_status find_entries(disc_artifact *a, const disc_json *root) {
   if (guard->kind != DISC_JSON_STRING)
     return fail(RAL_ERR_INVALID_ARGUMENT, "header: \"guard\" is %s, expected a string or null",
                 disc_json_kind_name(guard->kind));
-  a->guard = (disc_entry_fn)dlsym(a->so, guard->string);
+  a->guard = (ral_entry)dlsym(a->so, guard->string);
   if (!a->guard)
     return fail(RAL_ERR_INVALID_ARGUMENT, "the shared object has no guard function '%s' (header \"guard\")",
                 guard->string);
@@ -1010,8 +1008,7 @@ static void format_assertion(char *out, size_t n, const char *message, const int
 static ral_status check_guard(const disc_call *c, ral_context *ctx) {
   const disc_artifact *a = c->a;
   int64_t result[5] = {0}; /* a rank-1 descriptor */
-  a->guard(c->args, result);
-  if (ral_context_status(ctx) != RAL_OK)
+  if (ral_context_call(ctx, a->guard, c->args, result) != RAL_OK)
     return fail(ral_context_status(ctx), "the shape guard failed: %s", ral_context_message(ctx));
   const int64_t *values = (const int64_t *)(intptr_t)result[1];
   int64_t size = result[3];
@@ -1112,8 +1109,8 @@ ral_status disc_call_run(disc_call *c) {
   if (a->guard) s = check_guard(c, ctx);
   if (!s) {
     memset(c->result_desc, 0, a->total_result_words * sizeof(int64_t));
-    a->entry(c->args, c->result_desc);
-    if (ral_context_status(ctx) != RAL_OK) s = fail(ral_context_status(ctx), "%s", ral_context_message(ctx));
+    if (ral_context_call(ctx, a->entry, c->args, c->result_desc) != RAL_OK)
+      s = fail(ral_context_status(ctx), "%s", ral_context_message(ctx));
   }
   if (!s) s = take_outputs(c, ctx);
   ral_context_enter(previous);

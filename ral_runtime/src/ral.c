@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
+#include <setjmp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,8 @@ struct ral_context {
   size_t num_buffers, cap_buffers;
   ral_status status;
   char message[512];
+  jmp_buf exit; /* back to ral_context_call, valid while `in_call` */
+  int in_call;
 };
 
 int ral_abi_version(void) { return RAL_ABI_VERSION; }
@@ -342,6 +345,20 @@ void ral_context_fail(ral_context *ctx, ral_status status, const char *message) 
   snprintf(ctx->message, sizeof ctx->message, "%s", message);
 }
 
+ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void *results) {
+  ctx->in_call = 1;
+  if (setjmp(ctx->exit) == 0) entry(args, results);
+  ctx->in_call = 0;
+  return ctx->status;
+}
+
+/* After a failure, the rest of the entry is skipped when the failure happened in the entry's own
+ * code on the thread that called it: not on a pool thread, not inside a parallel loop (whose
+ * chunks hold the pool), where generated code goes on and the failure is reported at the end. */
+static void context_exit(ral_context *ctx) {
+  if (ctx && ctx->in_call && !tls_in_pool && tls_context == ctx) longjmp(ctx->exit, 1);
+}
+
 static int context_record(ral_context *ctx, void *ptr) {
   if (ctx->num_buffers == ctx->cap_buffers) {
     size_t cap = ctx->cap_buffers ? 2 * ctx->cap_buffers : 16;
@@ -383,11 +400,13 @@ void *ral_alloc(ral_context *ctx, size_t bytes) {
     char msg[128];
     snprintf(msg, sizeof msg, "out of memory allocating %zu bytes", bytes);
     ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, msg);
+    context_exit(ctx);
     return NULL;
   }
   if (!context_record(ctx, ptr)) {
     allocator_put(&ctx->rt->alloc, ptr);
     ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, "out of memory recording a buffer");
+    context_exit(ctx);
     return NULL;
   }
   return ptr;
@@ -438,6 +457,17 @@ void *_mlir_memref_to_llvm_alloc(size_t bytes) {
 void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes) {
   (void)alignment; /* every RAL buffer is 64-byte aligned */
   return _mlir_memref_to_llvm_alloc(bytes);
+}
+
+void disc_ral_check_alloc(int64_t status, int64_t value, const char *what) {
+  if (status == 0 || !tls_context) return;
+  char msg[512];
+  if (status == 1)
+    snprintf(msg, sizeof msg, "%s: a dim is negative (%lld)", what, (long long)value);
+  else
+    snprintf(msg, sizeof msg, "%s: its size in bytes overflows 63 bits", what);
+  ral_context_fail(tls_context, RAL_ERR_SHAPE, msg);
+  context_exit(tls_context);
 }
 
 /* Buffers live until the end of the call (or are taken as results); a free from generated

@@ -59,6 +59,45 @@ static void test_generated_code_hooks(ral_runtime *rt) {
   ral_context_destroy(ctx);
 }
 
+static int reached_after_failure;
+
+static void greedy_entry(void *args, void *results) {
+  (void)args, (void)results;
+  char *p = _mlir_memref_to_llvm_alloc((size_t)1 << 62); /* larger than any size class */
+  reached_after_failure = 1;
+  p[0] = 1; /* never runs: the call ended at the failed allocation */
+}
+
+static void negative_size_entry(void *args, void *results) {
+  (void)args, (void)results;
+  disc_ral_check_alloc(1, -3, "iota (model.py:7): a buffer of memref<?x4xf32>");
+  reached_after_failure = 1;
+}
+
+static void checked_entry(void *args, void *results) {
+  (void)args, (void)results;
+  disc_ral_check_alloc(0, 5, "fine");
+  reached_after_failure = 1;
+}
+
+static void test_failures_end_the_call(ral_runtime *rt) {
+  ral_entry entries[] = {greedy_entry, negative_size_entry, checked_entry};
+  ral_status want[] = {RAL_ERR_OUT_OF_MEMORY, RAL_ERR_SHAPE, RAL_OK};
+  const char *message[] = {"out of memory allocating 4611686018427387904 bytes",
+                           "iota (model.py:7): a buffer of memref<?x4xf32>: a dim is negative (-3)", ""};
+  for (int i = 0; i < 3; i++) {
+    ral_context *ctx;
+    CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+    ral_context *prev = ral_context_enter(ctx);
+    reached_after_failure = 0;
+    CHECK(ral_context_call(ctx, entries[i], NULL, NULL) == want[i]);
+    CHECK(reached_after_failure == (want[i] == RAL_OK));
+    CHECK(strcmp(ral_context_message(ctx), message[i]) == 0);
+    ral_context_enter(prev);
+    ral_context_destroy(ctx);
+  }
+}
+
 typedef struct {
   int64_t *out;
 } fill_data;
@@ -413,6 +452,7 @@ int main(int argc, char **argv) {
   CHECK(ral_runtime_num_threads(rt) == 3);
   test_allocator_reuse_and_take(rt);
   test_generated_code_hooks(rt);
+  test_failures_end_the_call(rt);
   test_parallel_for(rt);
   test_threads_share_runtime(rt);
   test_gemm(rt, blas != NULL);

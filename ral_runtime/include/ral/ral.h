@@ -26,11 +26,12 @@ typedef enum {
   RAL_ERR_OUT_OF_MEMORY = 2,
   RAL_ERR_UNAVAILABLE = 3, /* a library (BLAS, driver) could not be loaded */
   RAL_ERR_INTERNAL = 4,
+  RAL_ERR_SHAPE = 5, /* a size the program computed at run time is negative or overflows */
 } ral_status;
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 3
+#define RAL_ABI_VERSION 4
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -67,6 +68,12 @@ ral_status ral_context_status(const ral_context *ctx);
 const char *ral_context_message(const ral_context *ctx);
 /* Records an error in the context; the first one is kept. */
 void ral_context_fail(ral_context *ctx, ral_status status, const char *message);
+/* Calls a packed entry point of generated code, `entry(args, results)`, with ctx current (entered
+ * by the caller) and returns the context's status. An allocation that fails, or a size check that
+ * does, in the entry's own code (not inside a parallel loop) ends the call there: nothing after it
+ * runs, and the buffers allocated so far stay owned by the context. */
+typedef void (*ral_entry)(void *args, void *results);
+ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void *results);
 /* Transfers a buffer allocated in this context to the caller: returns 1 and forgets it, or 0 if
  * the pointer was not allocated by this context (an argument, a constant, or taken already). */
 int ral_context_take(ral_context *ctx, void *ptr);
@@ -90,6 +97,11 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
 void *_mlir_memref_to_llvm_alloc(size_t bytes);
 void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes);
 void _mlir_memref_to_llvm_free(void *ptr);
+
+/* Before an allocation of generated code: `status` 0 (the size is valid), 1 (a dim is negative:
+ * `value`) or 2 (the byte count overflows 63 bits); `what` names the buffer (op, location, dims).
+ * Fails the call with RAL_ERR_SHAPE, and ends it as ral_context_call says. */
+void disc_ral_check_alloc(int64_t status, int64_t value, const char *what);
 
 /* Runs body(data, lo, hi) over [0, n) on the current context's thread pool; runs inline when
  * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */
