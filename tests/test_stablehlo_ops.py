@@ -157,3 +157,27 @@ def test_complex_extrema_compare_real_then_imaginary_parts(op):
     got = f(a, b)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got.real), np.signbit(want.real))
+
+
+def test_reduce_precision_rounds_like_the_narrower_formats_at_any_dims():
+    """reduce_precision to e5m10 is a round trip through float16 for values in its normal range,
+    to e8m7 one through bfloat16 (NaN, infinities and denormals included): rounding to nearest
+    even on the bits; a NaN becomes infinity where no mantissa bit is left to hold it; with
+    dynamic dims (upstream's lowering aborts on them)."""
+    import ml_dtypes
+
+    def compile_format(fmt):
+        return disc.compile(f"""func.func @main(%a: tensor<?x?xf32>) -> tensor<?x?xf32> {{
+          %0 = stablehlo.reduce_precision %a, format = {fmt} : tensor<?x?xf32>
+          return %0 : tensor<?x?xf32>
+        }}""")
+
+    half, bf16, none = compile_format("e5m10"), compile_format("e8m7"), compile_format("e5m0")
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (3, 17)]:
+        x = (rng.choice([-1, 1], shape) * rng.uniform(1, 2, shape) * np.exp2(rng.integers(-14, 15, shape))).astype(np.float32)
+        np.testing.assert_array_equal(half(x), x.astype(np.float16).astype(np.float32))
+        y = x.copy()
+        y.flat[: min(4, y.size)] = [np.nan, np.inf, -np.inf, 1e-40][: min(4, y.size)]
+        np.testing.assert_array_equal(bf16(y), y.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(none(np.array([[np.nan, 1.5, -3.0, -3.5, 1e-30]], np.float32)), [[np.inf, 2.0, -2.0, -4.0, 0.0]])  # ties to even exponents

@@ -225,6 +225,57 @@ def _dynamic_iota(op, t: Text, state):
     return [_generic(t, op.result.type, dims, body, v)]
 
 
+# float type -> (bits, explicit mantissa bits, exponent bits)
+_FLOAT_LAYOUT = {"f16": (16, 10, 5), "bf16": (16, 7, 8), "f32": (32, 23, 8), "f64": (64, 52, 11)}
+
+
+@register_template("stablehlo.reduce_precision", when=lambda op: _elem(op.result) in _FLOAT_LAYOUT)
+def _reduce_precision(op, t: Text, state):
+    """Each element rounded to `mantissa_bits` (to nearest, ties to even) and its exponent
+    clamped to `exponent_bits` (to zero or infinity, sign kept), on its bits; a NaN stays itself,
+    or becomes infinity when the format has no mantissa bits to hold one (the spec's reference).
+    Any dims (upstream's lowering aborts on dynamic ones)."""
+    elem = _elem(op.result)
+    width, mantissa, exponent = _FLOAT_LAYOUT[elem]
+    m, e = (ir.IntegerAttr(op.attributes[a]).value for a in ("mantissa_bits", "exponent_bits"))
+    it = f"i{width}"
+    rank = ir.RankedTensorType(op.result.type).rank
+    body = [f"%rp_x = tensor.extract %a0[{', '.join(f'%i{i}' for i in range(rank))}] : {op.operands[0].type}",
+            f"%rp_b0 = arith.bitcast %rp_x : {elem} to {it}"]
+    consts: dict[int, str] = {}
+
+    def c(value: int) -> str:  # an iW constant, written signed
+        value &= (1 << width) - 1
+        if value not in consts:
+            consts[value] = f"%rp_k{len(consts)}"
+            body.append(f"{consts[value]} = arith.constant {value - (1 << width) if value >> (width - 1) else value} : {it}")
+        return consts[value]
+
+    bits = "%rp_b0"
+    if m < mantissa:
+        shift = mantissa - m
+        body += [f"%rp_lb = arith.andi %rp_b0, {c(1 << shift)} : {it}", f"%rp_lb1 = arith.shrui %rp_lb, {c(shift)} : {it}",
+                 f"%rp_bias = arith.addi %rp_lb1, {c((1 << (shift - 1)) - 1)} : {it}", f"%rp_rb = arith.addi %rp_b0, %rp_bias : {it}",
+                 f"%rp_b1 = arith.andi %rp_rb, {c(~((1 << shift) - 1))} : {it}"]
+        bits = "%rp_b1"
+    if e < exponent:
+        bias, reduced = (1 << (exponent - 1)) - 1, (1 << (e - 1)) - 1
+        exp_mask = ((1 << exponent) - 1) << mantissa
+        body += [f"%rp_xe = arith.andi {bits}, {c(exp_mask)} : {it}",
+                 f"%rp_over = arith.cmpi ugt, %rp_xe, {c((bias + reduced) << mantissa)} : {it}",
+                 f"%rp_under = arith.cmpi ule, %rp_xe, {c((bias - reduced) << mantissa)} : {it}",
+                 f"%rp_sz = arith.andi {bits}, {c(1 << (width - 1))} : {it}", f"%rp_si = arith.ori %rp_sz, {c(exp_mask)} : {it}",
+                 f"%rp_b2 = arith.select %rp_over, %rp_si, {bits} : {it}", f"%rp_b3 = arith.select %rp_under, %rp_sz, %rp_b2 : {it}"]
+        bits = "%rp_b3"
+    body += [f"%rp_r = arith.bitcast {bits} : {it} to {elem}", f"%rp_nan = arith.cmpf uno, %rp_x, %rp_x : {elem}"]
+    if m > 0:
+        body.append(f"%rp_out_v = arith.select %rp_nan, %rp_x, %rp_r : {elem}")
+    else:
+        body += [f"%rp_inf = arith.bitcast {c(((1 << exponent) - 1) << mantissa)} : {it} to {elem}",
+                 f"%rp_out_v = arith.select %rp_nan, %rp_inf, %rp_r : {elem}"]
+    return [_generic(t, op.result.type, t.dims("%a0", op.operands[0].type), body, "%rp_out_v")]
+
+
 def padded_size(t: Text, size: str, low: str, high: str, interior: str) -> str:
     """A dim of `size` elements after edge padding `low` and `high` (may be negative) and
     `interior` padding between elements (index values)."""
