@@ -46,8 +46,8 @@ def ensure_env(extras: str) -> None:
 
 
 def c_tests() -> None:
-    """The RAL's own tests (runtime and artifact reader), built twice: under AddressSanitizer +
-    UBSan, and ThreadSanitizer."""
+    """The RAL's own tests (runtime, artifact reader, GPU device), built twice: under
+    AddressSanitizer + UBSan, and ThreadSanitizer."""
     blas = subprocess.run([str(PY), "-c", "from disc_stablehlo.runtime import openblas_library; print(openblas_library())"],
                           check=True, capture_output=True, text=True).stdout.strip()
     for name, flags in [("asan", "-fsanitize=address,undefined"), ("tsan", "-fsanitize=thread")]:
@@ -57,6 +57,7 @@ def c_tests() -> None:
         run(build / "test_ral", blas)
         run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
         run(build / "test_artifact")  # SHA-256, the header's JSON reader, loading and calling artifacts
+        run(build / "test_gpu")  # the GPU device through fake_cuda (CUDA's driver and cuBLAS on host memory)
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """Models shared by the demo and the benchmarks: a BERT-like encoder layer in JAX
-(hidden 256, 4 heads, FFN 1024, layer norm, GELU, softmax attention with an additive mask)."""
+(hidden 256, 4 heads, FFN 1024 unless given: BERT-base's is 768, 12, 3072; layer norm, GELU,
+softmax attention with an additive mask)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 HIDDEN, HEADS, FFN = 256, 4, 1024
 
 
-def encoder_params(seed: int = 0) -> dict[str, np.ndarray]:
+def encoder_params(seed: int = 0, hidden: int = HIDDEN, ffn: int = FFN) -> dict[str, np.ndarray]:
+    HIDDEN, FFN = hidden, ffn  # noqa: N806
     rng = np.random.default_rng(seed)
 
     def w(*shape):
@@ -32,9 +34,10 @@ def _layer_norm(x, g, b, eps=1e-5):
     return (x - mean) * jax.lax.rsqrt(var + eps) * g + b
 
 
-def encoder_layer(x, mask, p):
-    """x: [batch, seq, HIDDEN]; mask: [batch, seq] additive (0 keep, -1e9 drop)."""
+def encoder_layer(x, mask, p, heads_: int = HEADS):
+    """x: [batch, seq, hidden]; mask: [batch, seq] additive (0 keep, -1e9 drop)."""
     bsz, seq = x.shape[0], x.shape[1]
+    HIDDEN, HEADS = p["wq"].shape[0], heads_  # noqa: N806
     dh = HIDDEN // HEADS
 
     def heads(t):
@@ -54,22 +57,23 @@ def encoder_specs(params):
     from jax import export
 
     b, s = export.symbolic_shape("batch, seq")
-    return (jax.ShapeDtypeStruct((b, s, HIDDEN), jnp.float32), jax.ShapeDtypeStruct((b, s), jnp.float32),
+    return (jax.ShapeDtypeStruct((b, s, params["wq"].shape[0]), jnp.float32), jax.ShapeDtypeStruct((b, s), jnp.float32),
             {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in params.items()})
 
 
-def encoder_inputs(batch: int, seq: int, seed: int = 1):
+def encoder_inputs(batch: int, seq: int, seed: int = 1, hidden: int = HIDDEN):
     rng = np.random.default_rng(seed + 7919 * batch + seq)
-    x = rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32)
+    x = rng.standard_normal((batch, seq, hidden)).astype(np.float32)
     mask = np.where(rng.random((batch, seq)) < 0.1, -1e9, 0.0).astype(np.float32)
     return x, mask
 
 
-def torch_encoder(params):
+def torch_encoder(params, heads_: int = HEADS, device: str = "cpu"):
     """The same layer in PyTorch over the same weights (for the torch eager / torch.compile peers)."""
     import torch
 
-    t = {k: torch.from_numpy(v) for k, v in params.items()}
+    t = {k: torch.from_numpy(v).to(device) for k, v in params.items()}
+    HIDDEN, HEADS = params["wq"].shape[0], heads_  # noqa: N806
     dh = HIDDEN // HEADS
 
     class Encoder(torch.nn.Module):

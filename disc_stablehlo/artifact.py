@@ -29,7 +29,7 @@ from .errors import ArtifactError
 
 MAGIC = b"DISCSHLO"
 FORMAT_VERSION = 1
-RAL_ABI_VERSION = 4  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
+RAL_ABI_VERSION = 5  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
 PREFIX = 64          # magic, versions, header size, file size, checksum
 ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQQ32s")
@@ -301,8 +301,8 @@ def read(path: str, verify: bool = True) -> Artifact:
 
 
 def _check_target(target: dict, bad: Any) -> None:
-    if target.get("name") != "x86":
-        raise bad(f"compiled for target '{target.get('name')}', this runtime runs x86 code")
+    if target.get("name", "").partition(":")[0] not in ("x86", "cuda"):
+        raise bad(f"compiled for target '{target.get('name')}', this runtime runs x86 code and CUDA kernels")
     if platform.machine() not in ("x86_64", "AMD64"):
         raise bad(f"compiled for {target.get('triple')}, this machine is {platform.machine()}")
     missing = sorted(set(target.get("cpu_flags", ())) - host_cpu_flags())

@@ -16,7 +16,7 @@ from . import artifact
 from .errors import CompileError
 from .passes.pipeline import compile_to_llvm
 from .runtime import RAL_LIBRARY, ral_library_dir
-from .targets import Target
+from .targets import Target, cuda, host_code_target
 from .targets.codegen import start_helper
 from .targets.x86 import emit_objects, link_shared_object
 
@@ -26,9 +26,9 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     """Compiles the imported module and writes its artifact to `path`, for the caller to complete
     (`artifact.write`; returns what that returns). `binding`: how the caller's flat arguments map
     to the inputs, kept for `disc.load`."""
-    if tgt.kind != "cpu":  # where the GPU targets' pipeline will branch off
-        raise CompileError(f"target '{tgt.name}': code generation for {tgt.kind} GPUs is not implemented yet; "
-                           "the x86 target is (target='x86')")
+    if tgt.kind == "rocm":
+        raise CompileError(f"target '{tgt.name}': code generation for ROCm GPUs is not implemented yet; "
+                           "the x86 and cuda targets are")
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, tgt, imported.facts, imported.checked,
@@ -37,7 +37,12 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(shapes.report(), file=sys.stderr)
     mlir_support.stage_listener("LLVM code generation")
-    objects, libmvec = emit_objects(lowered.llvm_ir, tgt, [k.name for k in lowered.kernels])
+    llvm_ir, device = lowered.llvm_ir, {}
+    if tgt.kind == "cuda":  # the kernels' PTX and cubin become data of the host object
+        llvm_ir, ptx, cubin = cuda.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, [k.name for k in lowered.kernels])
+        device = {"ptx_bytes": len(ptx), "cubin_bytes": len(cubin or b"")}
+    host = host_code_target(tgt)
+    objects, libmvec = emit_objects(llvm_ir, host, [k.name for k in lowered.kernels] if tgt.kind == "cpu" else [])
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(objects, so_path, ral_library_dir(), libmvec)
@@ -50,13 +55,18 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
         "library_calls": [name for name in LIBRARY_ENTRIES if f"@{name}" in lowered.llvm_ir],
         "constraints": list(constraints),
     }
-    target = {"name": tgt.name, "triple": tgt.triple, "cpu": tgt.cpu, "cpu_flags": artifact.cpu_flags_needed(tgt.features)}
+    if device:
+        info["device_code"] = device
+    target = {"name": tgt.name, "triple": host.triple, "cpu": host.cpu, "cpu_flags": artifact.cpu_flags_needed(host.features)}
+    if tgt.kind != "cpu":
+        target.update(device_triple=tgt.triple, chip=tgt.cpu)
     return artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
                                            lowered.params, info, binding))
 
 
 # the RAL's library entries whose calls `CompiledFunction.stats` counts (the plain entry or the one with an epilogue)
-LIBRARY_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64", "disc_ral_conv_f32", "disc_ral_conv_f64")
+LIBRARY_ENTRIES = ("disc_ral_gemm_f32", "disc_ral_gemm_f64", "disc_ral_conv_f32", "disc_ral_conv_f64", "disc_ral_gpu_gemm_f32",
+                   "disc_ral_gpu_gemm_f64")
 
 
 # modules with fewer ops (in their functions' bodies, not counting nested regions) rarely have

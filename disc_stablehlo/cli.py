@@ -144,7 +144,8 @@ def _inspect(ns: argparse.Namespace) -> int:
     h = art.header
     t = h["target"]
     print(f"artifact {ns.artifact}: {os.path.getsize(ns.artifact)} bytes, package {h['package_version']}")
-    print(f"target: {t['name']} {t['triple']} ({t['cpu']}; needs {', '.join(t['cpu_flags']) or 'nothing special'})")
+    device = f", kernels for {t['chip']} ({t['device_triple']})" if "chip" in t else ""
+    print(f"target: {t['name']} {t['triple']} ({t['cpu']}; needs {', '.join(t['cpu_flags']) or 'nothing special'}){device}")
     sig = art.signature
     print("inputs:\n" + "".join(f"  {a.name}: {a.describe()}\n" for a in sig.args), end="")
     print("outputs:\n" + "".join(f"  {r.name}: {r.describe()}  = {' x '.join(dims) or 'scalar'}\n"
@@ -170,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("-o", "--output", required=True, help="the artifact to write")
     c.add_argument("--arg", action="append", default=[], help="JAX argument spec: dims (names for symbolic ones) and type, b,s,256:f32")
     c.add_argument("--constraint", action="append", default=[], help='a fact over the dims, checked at run time ("s >= 8")')
-    c.add_argument("--target", default="x86", help="code generation target: x86 (the default; cuda[:sm_XX] and rocm[:gfxNNN] "
-                   "are recognised, not generated yet)")
+    c.add_argument("--target", default=None, help="code generation target: x86 (the default, or $DISC_TARGET), cuda[:sm_XX] "
+                   "(rocm[:gfxNNN] is recognised, not generated yet)")
     c.add_argument("-q", "--quiet", action="store_true", help="no stage timings")
     r = sub.add_parser("run", help="run an artifact on .npy/.npz inputs")
     r.add_argument("artifact")

@@ -14,7 +14,7 @@ from . import artifact, worker
 from .runtime import Binding, CompiledFunction, Executable, default_runtime
 
 
-def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shapes: Any = None, target: str = "x86",
+def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shapes: Any = None, target: str | None = None,
             buffer_reuse: bool = True) -> CompiledFunction:
     """Compiles `fn` once for every shape its signature admits.
 
@@ -27,14 +27,16 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     `"b <= 64"`, `"s == 2*t"`; a StableHLO module's unnamed dims are `arg0.1` for argument 0,
     dim 1): the compiler may rely on them, and every call checks them before any kernel runs.
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
-    buffers after their last use saves). `DISC_LOG=shapes` prints the shape report after compiling."""
+    buffers after their last use saves). `target`: "x86" (the host's processor), "cuda" or
+    "cuda:<sm_XX>" (docs/gpu.md); default $DISC_TARGET, else "x86". `DISC_LOG=shapes` prints the
+    shape report after compiling."""
     frontends = importlib.import_module(f"{__package__}.import")
     worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
     source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
     return compile_source(source, binding, constraints, target, buffer_reuse)
 
 
-def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str = "x86",
+def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str | None = None,
                    buffer_reuse: bool = True, progress: Callable[[str], None] | None = None) -> CompiledFunction:
     """The stages after the frontend's export (for frontends called from elsewhere, e.g. the
     dynamo backend): compiled by the worker, loaded here.
@@ -43,6 +45,7 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
     constraints and options, the target, the package version and sources and the RAL build: a
     later process loads the artifact instead of generating code (its `compile_count` is 0).
     `progress` is told the name of each stage as it starts."""
+    target = target or os.environ.get("DISC_TARGET", "x86")
     if source.weights and os.environ.get("DISC_CACHE_DIR"):
         source = dataclasses.replace(source, weights_digest=_digest(source.weights))
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:

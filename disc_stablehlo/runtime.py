@@ -9,7 +9,9 @@ import ctypes
 import dataclasses
 import functools
 import importlib.metadata
+import glob
 import os
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -17,6 +19,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from . import artifact
@@ -59,6 +62,11 @@ def ral() -> ctypes.CDLL:
         ("ral_buffer_free", None, [vp, vp]),
         ("ral_kernel_stats", None, [vp, ctypes.POINTER(KernelStat)]),
         ("ral_abi_version", ctypes.c_int, []),
+        ("ral_runtime_enable_gpu", ctypes.c_int, [vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]),
+        ("ral_gpu_alloc", ctypes.c_int, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
+        ("ral_gpu_free", None, [vp, vp]),
+        ("ral_gpu_copy", ctypes.c_int, [vp, vp, vp, ctypes.c_size_t, ctypes.c_int]),
+        ("ral_context_set_stream", None, [vp, vp]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -90,7 +98,7 @@ class MemoryStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("bytes_in_use", "peak_bytes", "bytes_cached", "allocations", "cache_hits")]
 
 
-def blas_library() -> str:
+def blas_library() -> str | None:
     """The BLAS the RAL loads for GEMMs: $DISC_BLAS (a path), else MKL's runtime library where
     the `mkl` package is installed (x86-64: faster than OpenBLAS for the skinny products of
     small batches), else scipy-openblas32's."""
@@ -103,7 +111,10 @@ def blas_library() -> str:
     for f in files:
         if f.name.startswith("libmkl_rt.so") and os.path.exists(path := str(f.locate())):
             return path
-    return openblas_library()
+    try:
+        return openblas_library()
+    except ImportError:  # a runtime-only install (a GPU machine): GEMMs on the CPU then fail with a clear error
+        return None
 
 
 def openblas_library() -> str:
@@ -113,6 +124,58 @@ def openblas_library() -> str:
     return os.path.join(scipy_openblas32.get_lib_dir(), f"lib{scipy_openblas32.get_library()}.so")
 
 
+def cublas_library() -> str | None:
+    """cuBLAS for GEMMs on CUDA GPUs: $DISC_CUBLAS, else the one the `nvidia-cublas` wheels (PyTorch's
+    CUDA builds bring them) or the CUDA toolkit install, or None."""
+    if path := os.environ.get("DISC_CUBLAS"):
+        return path
+    roots = [str(Path(p) / "nvidia" / sub / "lib") for p in sys.path if p for sub in ("cublas", "cu13", "cu12")]
+    roots += ["/usr/local/cuda/lib64", "/usr/lib/x86_64-linux-gnu"]
+    for root in roots:
+        found = sorted(glob.glob(os.path.join(root, "libcublas.so*")))
+        if found:
+            return found[-1]
+    return None
+
+
+@dataclasses.dataclass
+class DeviceArray:
+    """An array in device memory: a CUDA tensor's storage, or a device copy the runtime made."""
+    address: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 0, 1, 2
+
+
+def _copy(ctx: ctypes.c_void_p, dst: int, src: int, nbytes: int, direction: int) -> None:
+    if nbytes and ral().ral_gpu_copy(ctx, ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, direction) != 0:
+        raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+
+
+class _Context:
+    """A RAL context for one call, current on this thread while it lasts."""
+
+    def __init__(self, rt: "Runtime"):
+        self.ctx = ctypes.c_void_p()
+        if ral().ral_context_create(rt.handle, ctypes.byref(self.ctx)) != 0:
+            raise RuntimeFailure("cannot create a runtime context")
+
+    def __enter__(self) -> ctypes.c_void_p:
+        self.previous = ral().ral_context_enter(self.ctx)
+        return self.ctx
+
+    def __exit__(self, *exc: Any) -> None:
+        ral().ral_context_enter(self.previous)
+        ral().ral_context_destroy(self.ctx)
+
+
 class Runtime:
     """A RAL runtime: caching allocator, thread pool, BLAS (`blas`: its path). Shared by every
     compiled function of the process; thread-safe."""
@@ -120,10 +183,40 @@ class Runtime:
     def __init__(self, num_threads: int = 0):
         blas = self.blas = blas_library()
         handle = ctypes.c_void_p()
-        if ral().ral_runtime_create(blas.encode(), num_threads, ctypes.byref(handle)) != 0:
+        if ral().ral_runtime_create(blas.encode() if blas else None, num_threads, ctypes.byref(handle)) != 0:
             raise RuntimeFailure(f"cannot create the runtime: {ral().ral_runtime_create_error().decode()}")
         self.handle = handle
+        self.lock = threading.Lock()
+        self.gpu = False
         weakref.finalize(self, ral().ral_runtime_destroy, handle)
+
+    def enable_gpu(self) -> None:
+        """Attaches the first CUDA GPU (its primary context, shared with PyTorch and JAX) and
+        cuBLAS (`cublas_library`); once per runtime."""
+        with self.lock:
+            if self.gpu:
+                return
+            cublas = cublas_library()
+            status = ral().ral_runtime_enable_gpu(self.handle, os.environ.get("DISC_CUDA_DRIVER", "").encode() or None,
+                                                 cublas.encode() if cublas else None, 0)
+            if status != 0:
+                raise RuntimeFailure(f"cannot use a CUDA GPU: {ral().ral_runtime_create_error().decode()}")
+            self.gpu = True
+
+    def to_device(self, a: np.ndarray) -> DeviceArray:
+        """A device copy of a host array (contiguous), freed when the returned array dies."""
+        a = np.ascontiguousarray(a)
+        out = ctypes.c_void_p()
+        if ral().ral_gpu_alloc(self.handle, max(a.nbytes, 1), ctypes.byref(out)) != 0:
+            raise RuntimeFailure(f"cannot allocate {a.nbytes} bytes of device memory: {ral().ral_runtime_create_error().decode()}")
+        d = DeviceArray(out.value, a.shape, tuple(s // a.itemsize for s in a.strides), a.dtype)
+        weakref.finalize(d, self._free, ctypes.c_void_p(out.value))  # holds the runtime: it frees its buffers when destroyed
+        with _Context(self) as ctx:
+            _copy(ctx, out.value, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
+        return d
+
+    def _free(self, address: ctypes.c_void_p) -> None:
+        ral().ral_gpu_free(self.handle, address)
 
     def reset_peak(self) -> None:
         ral().ral_runtime_reset_peak(self.handle)
@@ -165,7 +258,7 @@ class PackedFunction:
         return [words[a:b] for a, b in zip(self.starts, self.starts[1:])]
 
 
-def descriptors(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
+def descriptors(arrays: Sequence[np.ndarray | DeviceArray]) -> tuple[np.ndarray, int]:
     """The arrays' memref descriptors laid out in one int64 buffer (allocated and aligned
     pointer, offset 0, sizes, strides in elements) followed by a pointer to each; returns the
     buffer and the address of the pointers, valid while the buffer lives. (One numpy buffer:
@@ -173,6 +266,9 @@ def descriptors(arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
     words, starts = [], []
     for a in arrays:
         starts.append(len(words))
+        if isinstance(a, DeviceArray):
+            words += [a.address, a.address, 0, *a.shape, *a.strides]
+            continue
         address = a.__array_interface__["data"][0]
         words += [address, address, 0, *a.shape, *(s // a.itemsize for s in a.strides)]
     n = len(words)
@@ -198,6 +294,31 @@ def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, 
         weakref.finalize(raw, ral().ral_buffer_free, rt.handle, ctypes.c_void_p(allocated))
         return view
     return view.copy()  # an argument, a parameter, a constant, or a result returned twice
+
+
+def _device_result(ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int,
+                   device_results: Callable[[tuple[int, ...], np.dtype], tuple[Any, int]] | None) -> Any:
+    """A result in device memory copied out before the context frees it: into a device array
+    `device_results` makes (a contiguous result), else into a numpy array."""
+    aligned, offset = int(desc[1]), int(desc[2])
+    shape = tuple(int(n) for n in desc[3:3 + rank])
+    strides = tuple(int(x) for x in desc[3 + rank:3 + 2 * rank])
+    count = int(np.prod(shape, dtype=np.int64))
+    address = aligned + offset * dtype.itemsize
+    contiguous = strides == tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(rank))
+    if device_results is not None and contiguous:
+        out, dst = device_results(shape, dtype)
+        # the context frees the source when the call returns, to its stream's pool: work on that
+        # stream that reuses it runs after the copy
+        _copy(ctx, dst, address, count * dtype.itemsize, DEVICE_TO_DEVICE)
+        return out
+    if count == 0:
+        return np.zeros(shape, dtype)
+    span = 1 + sum((n - 1) * x for n, x in zip(shape, strides))  # elements from the first to the last
+    host = np.empty(span, dtype)
+    _copy(ctx, host.ctypes.data, address, span * dtype.itemsize, DEVICE_TO_HOST)
+    view = np.lib.stride_tricks.as_strided(host, shape, tuple(x * dtype.itemsize for x in strides))
+    return view if contiguous else view.copy()
 
 
 _load_lock = threading.Lock()
@@ -228,32 +349,54 @@ class Executable:
 
     def __init__(self, art: Artifact, runtime: Runtime):
         self.artifact = art
+        # a GPU artifact loads anywhere (it is compiled and saved on machines without a GPU): the GPU
+        # is attached and the parameters copied to it at the first call
+        self.gpu = art.header["target"]["name"].startswith("cuda")
         self.lib = _load_shared_object(art.section("object"))
         self.signature = art.signature
         self.runtime = runtime
         self.params = art.params()  # the entry's trailing arguments, after the caller's
+        self._device_params: list[DeviceArray] | None = None
+        self._lock = threading.Lock()
         self.entry = PackedFunction(self.lib, art.header["entry"], [len(r.shape) for r in self.signature.results])
         self.assertions = art.assertions
         self.guard = PackedFunction(self.lib, art.header["guard"], [1]) if art.header["guard"] else None
 
-    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        arrays = [a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("=")) for a in arrays]  # other byte order: converted
+    def run(self, arrays: Sequence[np.ndarray | DeviceArray], stream: int = 0,
+            device_results: Callable[[tuple[int, ...], np.dtype], tuple[Any, int]] | None = None) -> list[Any]:
+        """Runs the entry on host arrays, numpy results back. A GPU artifact also takes
+        `DeviceArray`s; host arrays are copied to the device, and results back to the host, or,
+        with `device_results` ((shape, dtype) -> (array, device address)), into device arrays it
+        makes. The launches and copies go on `stream` (a CUstream; 0: the default stream)."""
+        arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+                  for a in arrays]  # other byte order: converted
         self.signature.check(arrays)
-        arrays = [np.ascontiguousarray(a) for a in arrays] + self.params
-        lib, ctx = ral(), ctypes.c_void_p()
-        if lib.ral_context_create(self.runtime.handle, ctypes.byref(ctx)) != 0:
-            raise RuntimeFailure("cannot create a runtime context")
-        previous = lib.ral_context_enter(ctx)
-        try:
-            _keep, args = descriptors(arrays)
+        arrays = [a if isinstance(a, DeviceArray) else np.ascontiguousarray(a) for a in arrays]
+        if not self.gpu and any(isinstance(a, DeviceArray) for a in arrays):
+            raise DiscError("an argument is in GPU memory, and this function was compiled for the CPU (target='x86')")
+        with _Context(self.runtime) as ctx:
+            params = self.params
+            if self.gpu:
+                params = self._on_device()
+                ral().ral_context_set_stream(ctx, ctypes.c_void_p(stream))
+                arrays = [a if isinstance(a, DeviceArray) else self.runtime.to_device(a) for a in arrays]
+            _keep, args = descriptors(arrays + params)
             if self.guard is not None:
                 self._check_guard(ctx, self.guard(ctx, args)[0])
             results = self.entry(ctx, args)
             self._check_status(ctx)
+            if self.gpu:
+                return [_device_result(ctx, desc, spec.dtype, len(spec.shape), device_results)
+                        for desc, spec in zip(results, self.signature.results)]
             return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
-        finally:
-            lib.ral_context_enter(previous)
-            lib.ral_context_destroy(ctx)
+
+    def _on_device(self) -> list[DeviceArray]:
+        """The parameters' device copies (the GPU attached first)."""
+        with self._lock:
+            if self._device_params is None:
+                self.runtime.enable_gpu()
+                self._device_params = [self.runtime.to_device(p) for p in self.params]
+            return self._device_params
 
     def _check_status(self, ctx: ctypes.c_void_p) -> None:
         status = ral().ral_context_status(ctx)
@@ -317,22 +460,34 @@ class CompiledFunction:
             if len(leaves) != b.num_flat_args:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
             leaves = [leaves[i] for i in b.kept_args]
-        outs = self._exe.run([x.detach().cpu().numpy() if kind == "torch" else np.asarray(x) for x in leaves])
-        if kind == "jax":
-            import jax.numpy as jnp
-
-            outs = [jnp.asarray(o) for o in outs]
-        elif kind == "torch":
-            import torch
-
-            outs = [torch.from_numpy(o) for o in outs]  # shares the buffer, no copy
-        elif kind == "tensorflow":
-            import tensorflow as tf
-
-            outs = [tf.convert_to_tensor(o) for o in outs]
+        if kind == "torch" and self._exe.gpu and any(x.is_cuda for x in leaves):
+            outs = self._run_on_cuda(leaves)
+        else:
+            outs = [_as_kind(o, kind) for o in self._exe.run([_as_numpy(x, kind, spec.dtype) for x, spec in zip(leaves, self.signature.args)])]
         if b.pack_results is not None:
             return b.pack_results(outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run_on_cuda(self, tensors: list[Any]) -> list[Any]:
+        """CUDA tensors in, CUDA tensors out, on the current stream of the tensors' device."""
+        import torch
+
+        device = next(t.device for t in tensors if t.is_cuda)
+        args, keep = [], []  # `keep`: contiguous copies live until the call returns
+        for t, spec in zip(tensors, self.signature.args):
+            if not t.is_cuda:
+                args.append(_as_numpy(t, "torch", spec.dtype))
+                continue
+            t = t.detach().contiguous()
+            keep.append(t)
+            args.append(DeviceArray(t.data_ptr(), tuple(t.shape), tuple(t.stride()), _numpy_dtype(t.dtype)))
+
+        def empty(shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, int]:
+            t = torch.empty(shape, dtype=_torch_of(np.empty(0, dtype)).dtype, device=device)
+            return t, t.data_ptr()
+
+        outs = self._exe.run(args, torch.cuda.current_stream(device).cuda_stream, empty)
+        return [o if isinstance(o, torch.Tensor) else torch.from_numpy(o).to(device) for o in outs]
 
     @property
     def symbolic_result_shapes(self) -> list[tuple[str, ...]]:
@@ -357,6 +512,60 @@ class CompiledFunction:
         for name in self._exe.artifact.header["info"]["library_calls"]:
             out[name] = kernel_stats(symbol_address(ral(), name))
         return out
+
+
+@functools.cache
+def _numpy_dtype(torch_dtype: Any) -> np.dtype:
+    """The numpy (or ml_dtypes) dtype a torch dtype's tensors are read as."""
+    import torch
+
+    return _as_numpy(torch.empty(0, dtype=torch_dtype), "torch", None).dtype
+
+
+def _as_kind(o: np.ndarray, kind: str) -> Any:
+    """A result as the kind of array the arguments were."""
+    if kind == "jax":
+        import jax.numpy as jnp
+
+        return jnp.asarray(o)
+    if kind == "torch":
+        return _torch_of(o)  # shares the buffer, no copy
+    if kind == "tensorflow":
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(o)
+    return o
+
+
+def _as_numpy(x: Any, kind: str, dtype: np.dtype) -> np.ndarray:
+    """An argument as the numpy array the runtime takes: a torch tensor's data (those of dtypes
+    numpy lacks, bfloat16 and the float8s, read through integers of their width as the
+    ml_dtypes type of the same name); a Python list or number as an array of the argument's
+    dtype (it has none of its own); any other array as it is (the signature names a wrong dtype)."""
+    if kind == "torch":
+        x = x.detach().cpu()
+        name = str(x.dtype).removeprefix("torch.")
+        if x.dtype.is_floating_point and name not in ("float16", "float32", "float64"):
+            import torch
+
+            return x.view(torch.int16 if x.element_size() == 2 else torch.uint8).numpy().view(getattr(ml_dtypes, name))
+        return x.numpy()
+    if isinstance(x, (list, tuple, int, float, bool, complex)):
+        return np.asarray(x, dtype=dtype)
+    return np.asarray(x)
+
+
+def _torch_of(o: np.ndarray) -> Any:
+    """A result as a torch tensor sharing its buffer (an ml_dtypes array through integers of its
+    width, as the torch dtype of the same name)."""
+    import torch
+
+    if not o.dtype.type.__module__.startswith("ml_dtypes"):
+        return torch.from_numpy(o)
+    t = getattr(torch, o.dtype.name, None)
+    if not isinstance(t, torch.dtype):
+        raise DiscError(f"a result of dtype {o.dtype.name} has no torch dtype to be returned as")
+    return torch.from_numpy(o.view(np.int16 if o.itemsize == 2 else np.uint8)).view(t)
 
 
 def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:

@@ -263,8 +263,16 @@ def serve() -> None:
         os.environ.update(request["env"])
         for k in [k for k in os.environ if k.startswith(_ENV_PREFIX) and k not in request["env"]]:
             del os.environ[k]
+        fault = request["env"].get("DISC_FAULT_STAGE")  # fault injection (tests): abort at that stage, as an LLVM error does
+
+        def report(stage: str, fault: str | None = fault) -> None:
+            _send(stdout, ("stage", stage))
+            if stage == fault:
+                print(f"DISC_FAULT_STAGE: aborting at {stage}", file=sys.stderr, flush=True)
+                os.abort()
+
         try:
-            reply = ("ok", handle(request, lambda stage: _send(stdout, ("stage", stage))))
+            reply = ("ok", handle(request, report))
         except DiscError as e:
             reply = ("error", (type(e).__name__, str(e)))
         except Exception as e:  # a bug of ours: reported, and the worker goes on

@@ -257,3 +257,12 @@ def test_arrays_in_the_other_byte_order_are_converted():
     }""")
     x = np.arange(5, dtype=">f4")
     np.testing.assert_array_equal(f(x), 2 * x.astype(np.float32))
+
+
+def test_python_lists_are_arrays_of_the_arguments_dtype():
+    """A list has no dtype of its own: it is taken as the argument's (not numpy's float64)."""
+    f = disc.compile("""func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
+      %0 = stablehlo.add %a, %a : tensor<?xf32>
+      return %0 : tensor<?xf32>
+    }""")
+    np.testing.assert_array_equal(f([1, 2.5]), np.array([2, 5], np.float32))

@@ -60,6 +60,7 @@ CASES = [
     ("convert_f32_i32_f64", lambda x: (x * 10).astype(I32).astype(F64) + x.astype(F64), [(("n",), F32)], "n", N, 1e-6),
     ("convert_bool_i64", lambda x, y: (x > 0).astype(I64) + y, [(("n",), F32), (("n",), I64)], "n", N, 0),
     ("bf16_math", lambda x: (x.astype(BF16) * 2 + 1).astype(F32), [(("n",), F32)], "n", N, 1e-2),
+    ("convert_f64_bf16", lambda x: x.astype(BF16), [(("n",), F64)], "n", N, 0),
     ("integer_bitwise", lambda x, y: (x & y) | (x ^ 3) + (x >> 1) - (y << 2) + x % 7, [(("n",), I32)] * 2, "n", N, 0),
     ("compare_logic", lambda x, y: jnp.logical_and(x > 0, jnp.logical_or(y < 0, x == y)), [(("n",), F32)] * 2, "n", N, 0),
     ("while_fori", lambda x: jax.lax.fori_loop(0, 5, lambda i, c: c * 0.5 + i, x), [(("b", "s"), F32)], "b, s", BS, 1e-5),

@@ -308,7 +308,7 @@ def test_bounded_dims_get_an_arena_planned_once():
                      bounded.shape_report())
     for n in (1, 7, 64):
         args = [np.random.default_rng(i).standard_normal(s).astype(np.float32) for i, s in enumerate([(n, 8), (n, 8), (8, 8)])]
-        np.testing.assert_allclose(bounded(*args), _gemm_then_gemm(*args), rtol=1e-5)
+        np.testing.assert_allclose(bounded(*args), _gemm_then_gemm(*args), rtol=1e-4)  # two GEMMs: the BLAS blocks sums by the vector width
         assert _allocations_per_call(bounded, *args) < _allocations_per_call(unbounded, *args)
     with pytest.raises(disc.ShapeError, match="'n <= 64'"):
         bounded(*[np.ones(s, np.float32) for s in [(65, 8), (65, 8), (8, 8)]])

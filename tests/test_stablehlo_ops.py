@@ -181,3 +181,27 @@ def test_reduce_precision_rounds_like_the_narrower_formats_at_any_dims():
         y.flat[: min(4, y.size)] = [np.nan, np.inf, -np.inf, 1e-40][: min(4, y.size)]
         np.testing.assert_array_equal(bf16(y), y.astype(ml_dtypes.bfloat16).astype(np.float32))
     np.testing.assert_array_equal(none(np.array([[np.nan, 1.5, -3.0, -3.5, 1e-30]], np.float32)), [[np.inf, 2.0, -2.0, -4.0, 0.0]])  # ties to even exponents
+
+
+@pytest.mark.parametrize("src, dst, value", [
+    ("f64", "f32", np.array([1.5, -2.25, np.pi], np.float64)),
+    ("complex<f64>", "complex<f32>", np.array([1 + 2j, 3 - 4j], np.complex128)),
+    ("f32", "f64", (np.arange(6, dtype=np.float32) + 0.5).reshape(3, 2)),
+    ("i8", "i32", np.arange(-8, 8, dtype=np.int8).reshape(4, 4)),
+    ("complex<f32>", "complex<f64>", np.array([[1 + 2j, 3 - 4j]], np.complex64)),
+])
+def test_bitcasts_that_split_or_join_elements(src, dst, value):
+    """A bitcast to a narrower type splits each element into the result's last dim, lowest bits
+    first (numpy's view on this little-endian machine); to a wider one it joins the operand's
+    last dim. With dynamic dims and complex types (upstream's conversion aborts or crashes)."""
+    split = value.ndim == 1
+    src_t = f"tensor<?x{src}>" if split else f"tensor<?x{value.shape[1]}x{src}>"
+    want = (value[:, None] if split else value).view({"f32": np.float32, "f64": np.float64, "complex<f32>": np.complex64, "complex<f64>": np.complex128,
+                       "i32": np.int32}[dst])
+    dst_t = f"tensor<?x{want.shape[1]}x{dst}>" if split else f"tensor<?x{dst}>"
+    f = disc.compile(f"""func.func @main(%a: {src_t}) -> {dst_t} {{
+      %0 = stablehlo.bitcast_convert %a : ({src_t}) -> {dst_t}
+      return %0 : {dst_t}
+    }}""")
+    got = f(value)
+    np.testing.assert_array_equal(got.view(np.uint8), (want if split else want.reshape(-1)).view(np.uint8))

@@ -490,3 +490,15 @@ def test_as_strided_of_a_transposed_view_reads_its_storage():
     model = StorageRead()
     x = torch.randn(3, 4)
     torch.testing.assert_close(disc.compile(model, (x,))(x), model(x))
+
+
+def test_bfloat16_tensors_go_in_and_come_out_as_torch_tensors():
+    """Tensors of a dtype numpy lacks (bfloat16) are read through integers of their width as the
+    ml_dtypes type of the same name, and results of that dtype come back as torch tensors of it."""
+    f = disc.compile("""func.func @main(%a: tensor<?xbf16>, %b: tensor<?xbf16>) -> tensor<?xbf16> {
+      %0 = stablehlo.add %a, %b : tensor<?xbf16>
+      return %0 : tensor<?xbf16>
+    }""")
+    x, y = torch.tensor([1.5, -2.0, 3.25]).bfloat16(), torch.tensor([0.5, 1.0, 0.125]).bfloat16()
+    got = f(x, y)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, x + y), got

@@ -5,7 +5,8 @@
   (out features x input features * window) times blocks of patch columns that the RAL builds
   in cache (padding, input and window dilation, strides applied as it copies; a 1x1 window with
   unit strides reads the input itself), the output written in its own layout;
-- ungrouped f32/f64 convolutions in other layouts: the input is padded (input dilation becomes
+- ungrouped f32/f64 convolutions in other layouts (and in every layout on GPUs, whose RAL has
+  no convolution): the input is padded (input dilation becomes
   interior padding), one linalg.generic copies the windows into a patch matrix ([batch, output
   positions..., window dims in the kernel's memory order], so the kernel is its other operand
   as it is stored, never copied), a `dot_general` multiplies it with the kernel (the BLAS
@@ -32,7 +33,7 @@ from ..errors import UnsupportedOpError
 from ..mlir_support import int_list
 from .dynamic_ops import _elem, _pad, padded_size
 from .library_calls import GEMM_ELEMENT_TYPES, _static_product, contiguous_buffer, pointer
-from .lower import Text, register_template
+from .lower import GPU_ATTR, Text, register_template
 
 
 def _is_dynamic(op: ir.Operation) -> bool:
@@ -96,7 +97,7 @@ def _convolution(op, t: Text, state):
             reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
             steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
-    if _as_gemm(op) and _channels_first(dn, n):
+    if _as_gemm(op) and _channels_first(dn, n) and GPU_ATTR not in state.module.operation.attributes:
         return [_conv_call(t, op, in_dims, out_dims, strides, padding, lhs_dil, rhs_dil, elem)]
     # pad the input
     lows, highs, interiors = [0] * lhs_t.rank, [0] * lhs_t.rank, [0] * lhs_t.rank

@@ -70,6 +70,90 @@ def _identity_bitcast(op: ir.Operation, state: LoweringState) -> None:
     op.erase()
 
 
+def _bits_of(elem: ir.Type) -> int | None:
+    """Bits of an element a bitcast reads or writes, or None (booleans and other types)."""
+    if isinstance(elem, ir.ComplexType):
+        half = _bits_of(ir.ComplexType(elem).element_type)
+        return 2 * half if half else None
+    if isinstance(elem, ir.IntegerType):
+        return ir.IntegerType(elem).width if ir.IntegerType(elem).width >= 8 else None
+    return ir.FloatType(elem).width if isinstance(elem, ir.FloatType) else None
+
+
+def _resizes(op: ir.Operation) -> bool:
+    """A bitcast between element types of different widths (each element split into, or joined
+    from, the last dim of the other side)."""
+    a, r = (ir.RankedTensorType(v.type).element_type for v in (op.operands[0], op.result))
+    return None not in (_bits_of(a), _bits_of(r)) and _bits_of(a) != _bits_of(r)
+
+
+def _to_int(elem: ir.Type, x: str, body: list[str], stem: str) -> str:
+    """`x` of `elem` as the integer of its bits (a complex: its real part in the low half)."""
+    bits = _bits_of(elem)
+    if isinstance(elem, ir.ComplexType):
+        part, half = ir.ComplexType(elem).element_type, bits // 2
+        body += [f"{stem}rep = complex.re {x} : {elem}", f"{stem}imp = complex.im {x} : {elem}"]
+        lo, hi = _to_int(part, f"{stem}rep", body, f"{stem}re"), _to_int(part, f"{stem}imp", body, f"{stem}im")
+        body += [f"{stem}l = arith.extui {lo} : i{half} to i{bits}", f"{stem}h = arith.extui {hi} : i{half} to i{bits}",
+                 f"{stem}s = arith.constant {half} : i{bits}", f"{stem}hs = arith.shli {stem}h, {stem}s : i{bits}",
+                 f"{stem}v = arith.ori {stem}l, {stem}hs : i{bits}"]
+        return f"{stem}v"
+    if isinstance(elem, ir.IntegerType):
+        return x
+    body.append(f"{stem}v = arith.bitcast {x} : {elem} to i{bits}")
+    return f"{stem}v"
+
+
+def _from_int(elem: ir.Type, v: str, body: list[str], stem: str) -> str:
+    """The `elem` whose bits are the integer `v` (a complex: its real part from the low half)."""
+    bits = _bits_of(elem)
+    if isinstance(elem, ir.ComplexType):
+        part, half = ir.ComplexType(elem).element_type, bits // 2
+        body += [f"{stem}s = arith.constant {half} : i{bits}", f"{stem}hv = arith.shrui {v}, {stem}s : i{bits}",
+                 f"{stem}l = arith.trunci {v} : i{bits} to i{half}", f"{stem}h = arith.trunci {stem}hv : i{bits} to i{half}"]
+        re, im = _from_int(part, f"{stem}l", body, f"{stem}r"), _from_int(part, f"{stem}h", body, f"{stem}i")
+        body.append(f"{stem}c = complex.create {re}, {im} : {elem}")
+        return f"{stem}c"
+    if isinstance(elem, ir.IntegerType):
+        return v
+    body.append(f"{stem}f = arith.bitcast {v} : i{bits} to {elem}")
+    return f"{stem}f"
+
+
+@register_template("stablehlo.bitcast_convert", when=_resizes)
+def _resizing_bitcast(op, t: Text, state):
+    """Each element's bits, lowest first, split into the result's last dim, or joined from the
+    operand's last dim (the memory order of a little-endian machine), at any dims (upstream's
+    conversion aborts on dynamic ones, and on complex types)."""
+    src, dst = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.result))
+    sb, db = _bits_of(src.element_type), _bits_of(dst.element_type)
+    rank = dst.rank
+    body: list[str] = []
+    if sb > db:  # split: result [..., k] is chunk k of operand [...]
+        idx = ", ".join(f"%i{i}" for i in range(rank - 1))
+        body.append(f"%bc_x = tensor.extract %a0[{idx}] : {src}")
+        v = _to_int(src.element_type, "%bc_x", body, "%bc_a")
+        body += [f"%bc_k = arith.index_cast %i{rank - 1} : index to i{sb}", f"%bc_w = arith.constant {db} : i{sb}",
+                 f"%bc_sh = arith.muli %bc_k, %bc_w : i{sb}", f"%bc_ch = arith.shrui {v}, %bc_sh : i{sb}",
+                 f"%bc_t = arith.trunci %bc_ch : i{sb} to i{db}"]
+        out = _from_int(dst.element_type, "%bc_t", body, "%bc_b")
+        dims = t.dims("%a0", src) + [t.const(sb // db)]
+    else:  # join: result [...] from operand [..., 0 .. n)
+        acc = None
+        for k in range(db // sb):
+            idx = ", ".join([f"%i{i}" for i in range(rank)] + [t.const(k)])
+            body.append(f"%bc_x{k} = tensor.extract %a0[{idx}] : {src}")
+            v = _to_int(src.element_type, f"%bc_x{k}", body, f"%bc_a{k}")
+            body += [f"%bc_e{k} = arith.extui {v} : i{sb} to i{db}", f"%bc_s{k} = arith.constant {k * sb} : i{db}",
+                     f"%bc_p{k} = arith.shli %bc_e{k}, %bc_s{k} : i{db}"]
+            if acc is not None:
+                body.append(f"%bc_o{k} = arith.ori {acc}, %bc_p{k} : i{db}")
+            acc = f"%bc_o{k}" if acc is not None else f"%bc_p{k}"
+        out = _from_int(dst.element_type, acc, body, "%bc_b")
+        dims = t.dims("%a0", src)[:-1]
+    return [_generic(t, op.result.type, dims, body, out)]
+
+
 @register_template("stablehlo.reverse")
 def _reverse(op, t: Text, state):
     flipped = set(int_list(op, "dimensions"))

@@ -36,6 +36,9 @@ def applies(op: ir.Operation) -> Rewrite | None:
     return next((rewrite for rewrite, when in _REWRITES.get(op.name, ()) if when(op)), None)
 
 
+GPU_ATTR = "disc.gpu"  # on a module compiled for a GPU: lowerings that call the RAL's CPU-only entries choose others
+
+
 class LoweringState:
     """Per-module state: fresh symbol names and the module new functions go into."""
 

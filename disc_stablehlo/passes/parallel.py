@@ -10,6 +10,7 @@ the lowering to LLVM (`llvm.mlir.addressof` only names LLVM functions)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from torch_mlir import ir
 
@@ -81,12 +82,9 @@ def _find(captured: list[ir.Value], v: ir.Value) -> int:
 Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of lower bound, upper bound, step
 
 
-def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds],
-               library: ir.Operation | None) -> str:
-    """The host side: pack the captured values into slots and call the RAL. `bounds` are the
-    loop's, `inner` those of the loops its body runs per iteration (for the work estimate);
-    `library`: the library call the loop runs behind as its epilogue (its operands follow the
-    captured values), or None."""
+def pack_slots(captured: list[ir.Value]) -> list[str]:
+    """Lines that store the captured values (`%v<i>`) into a stack array `%buf` of 8-byte slots
+    (memref descriptors field by field)."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
@@ -105,25 +103,38 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
             lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
             lines.append(f"llvm.store {value}, %p{slot} : {ty}, !llvm.ptr")
             slot += 1
+    return lines
+
+
+def trips(lines: list[str], dims: Bounds, stem: str, value: Callable[[int], str] = lambda i: f"%v{i}") -> str:
+    """Appends the index arithmetic of the iterations of the loop dims `dims` (bounds by captured
+    position, read as `value(position)`; `%zero` and `%one` defined) and returns their product."""
+    total = "%one"
+    for d, (lb, ub, step) in enumerate(dims):
+        lines.append(f"%{stem}span{d} = arith.subi {value(ub)}, {value(lb)} : index")
+        lines.append(f"%{stem}iters{d} = arith.ceildivsi %{stem}span{d}, {value(step)} : index")
+        lines.append(f"%{stem}pos{d} = arith.maxsi %{stem}iters{d}, %zero : index")
+        lines.append(f"%{stem}trips{d} = arith.muli {total}, %{stem}pos{d} : index")
+        total = f"%{stem}trips{d}"
+    return total
+
+
+def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds],
+               library: ir.Operation | None) -> str:
+    """The host side: pack the captured values into slots and call the RAL. `bounds` are the
+    loop's, `inner` those of the loops its body runs per iteration (for the work estimate);
+    `library`: the library call the loop runs behind as its epilogue (its operands follow the
+    captured values), or None."""
+    lines = pack_slots(captured)
     # iterations of the first dimension, and an estimate of all scalar iterations: the other
     # dims times what the body's own loops run per iteration (at least 1)
-    def trips(dims: Bounds, stem: str) -> str:
-        total = "%one"
-        for d, (lb, ub, step) in enumerate(dims):
-            lines.append(f"%{stem}span{d} = arith.subi %v{ub}, %v{lb} : index")
-            lines.append(f"%{stem}iters{d} = arith.ceildivsi %{stem}span{d}, %v{step} : index")
-            lines.append(f"%{stem}pos{d} = arith.maxsi %{stem}iters{d}, %zero : index")
-            lines.append(f"%{stem}trips{d} = arith.muli {total}, %{stem}pos{d} : index")
-            total = f"%{stem}trips{d}"
-        return total
-
     per_row = "%zero"
     for i, dims in enumerate(inner):
-        lines.append(f"%row{i} = arith.addi {per_row}, {trips(dims, f'in{i}_')} : index")
+        lines.append(f"%row{i} = arith.addi {per_row}, {trips(lines, dims, f'in{i}_')} : index")
         per_row = f"%row{i}"
     lines.append(f"%per_row = arith.maxsi {per_row}, %one : index")
-    lines.append(f"%n = arith.maxsi {trips(bounds[:1], 'first_')}, %zero : index")
-    lines.append(f"%work = arith.muli {trips(bounds, 'all_')}, %per_row : index")
+    lines.append(f"%n = arith.maxsi {trips(lines, bounds[:1], 'first_')}, %zero : index")
+    lines.append(f"%work = arith.muli {trips(lines, bounds, 'all_')}, %per_row : index")
     work = "%work"
     lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
     params = [f"%v{i}: {v.type}" for i, v in enumerate(captured)]
@@ -143,16 +154,14 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
             f"func.func private @{name}({', '.join(params)}) {{\n  " + "\n  ".join(lines) + "\n}")
 
 
-def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int, int, int]) -> str:
-    """The worker side: rebuild the captured values from the slots, narrow the first dimension
-    to iterations [lo, hi) and run the loop body."""
-    lines, slot, args = [], 0, []
+def unpack_slots(captured: list[ir.Value], slots: list[str]) -> tuple[list[str], list[str]]:
+    """Lines that rebuild the captured values from their slots' values (`slots`: one SSA name per
+    slot, of the slot's type), and the rebuilt values' names."""
+    lines, args, slot = [], [], 0
     for i, v in enumerate(captured):
         loaded = []
-        for ty, pos in _slots(v.type):
-            lines.append(f"%p{slot} = llvm.getelementptr %data[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
-            lines.append(f"%l{slot} = llvm.load %p{slot} : !llvm.ptr -> {ty}")
-            loaded.append((f"%l{slot}", pos))
+        for _, pos in _slots(v.type):
+            loaded.append((slots[slot], pos))
             slot += 1
         if isinstance(v.type, ir.MemRefType):
             st, cur = _struct(v.type), f"%u{i}"
@@ -166,6 +175,22 @@ def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int
             args.append(f"%c{i}")
         else:
             args.append(loaded[0][0])
+    return lines, args
+
+
+def slot_types(captured: list[ir.Value]) -> list[str]:
+    return [ty for v in captured for ty, _ in _slots(v.type)]
+
+
+def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int, int, int]) -> str:
+    """The worker side: rebuild the captured values from the slots, narrow the first dimension
+    to iterations [lo, hi) and run the loop body."""
+    lines = []
+    for slot, ty in enumerate(slot_types(captured)):
+        lines.append(f"%p{slot} = llvm.getelementptr %data[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
+        lines.append(f"%l{slot} = llvm.load %p{slot} : !llvm.ptr -> {ty}")
+    rebuilt, args = unpack_slots(captured, [f"%l{i}" for i in range(len(slot_types(captured)))])
+    lines += rebuilt
     lb, ub, step = (args[k] for k in first)
     lines += ["%lo_i = arith.index_cast %lo : i64 to index", "%hi_i = arith.index_cast %hi : i64 to index",
               f"%lo_off = arith.muli %lo_i, {step} : index", f"%hi_off = arith.muli %hi_i, {step} : index",
@@ -252,19 +277,23 @@ def _body_loops(op: ir.Operation) -> list[ir.Operation]:
     return found
 
 
+def outermost_parallel_loops(module: ir.Module) -> list[ir.Operation]:
+    """The scf.parallel nests (without reductions) of the module's functions not inside another."""
+    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+    return [op for f in funcs for op in walk(f)
+            if op.name == "scf.parallel" and not op.results and not nested_in(op, "scf.parallel")]
+
+
 def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
     """Outlines every outermost scf.parallel (without reductions) of the module's functions;
     returns what each outlined kernel is."""
     state = LoweringState(module)
-    funcs = [op.operation for op in module.body.operations if op.operation.name == "func.func"]
-    loops = [op for f in funcs for op in walk(f)
-             if op.name == "scf.parallel" and not op.results and not nested_in(op, "scf.parallel")]
     kernels = []
     # one kernel per distinct loop: a loop identical to an earlier one (the same body over
     # captured values of the same types, as the query, key and value bias adds of an attention
     # layer, or every layer of a stack) reuses its code, generated and compiled once
     outlined: dict[str, str] = {}
-    for op in loops:
+    for op in outermost_parallel_loops(module):
         _sink_views(op)
         captured = _captured(op)
         if captured is None:

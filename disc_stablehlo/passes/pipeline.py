@@ -30,11 +30,12 @@ from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fu
                     schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
-from .lower import lower_module
+from .lower import GPU_ATTR, lower_module
 from .math_ops import boolean_sums_as_or, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised, reciprocals_of_row_divisors
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
+from .gpu import device_llvm_ir, device_memory, host_buffers, host_memory_through_the_ral, outline_gpu_kernels
 from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 from ..targets import Target
@@ -72,6 +73,7 @@ class LoweredModule:
     shapes: ShapeAnalysis
     kernels: list[Kernel]        # the parallel loop nests, outlined for the RAL thread pool
     params: list[np.ndarray | Deferred]  # the entry's trailing arguments after the signature's (weights)
+    device_llvm_ir: str = ""     # GPU targets: the kernels' LLVM IR (NVVM or ROCDL)
 
     @property
     def guard(self) -> str | None:
@@ -81,7 +83,8 @@ class LoweredModule:
 def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, target: Target, frontend_facts: tuple[str, ...] = (),
                     frontend_unchecked: tuple[str, ...] = (), constraints: tuple[str, ...] = (),
                     buffer_reuse: bool = True, params: tuple[np.ndarray | Deferred, ...] = ()) -> LoweredModule:
-    """`target`: a CPU target, whose vector width the loops are specialised for. `frontend_facts`
+    """`target`: a CPU target, whose vector width the loops are specialised for, or a GPU target
+    (the loops become kernels, `LoweredModule.device_llvm_ir`; the rest is host code). `frontend_facts`
     the frontend checks itself (JAX's); `frontend_unchecked` it knows but does not check
     (torch.export's dim ranges); `constraints` the user's. The last two get guards. `params`: the
     entry's arguments after the signature's (the frontend's weights: their data, or `Deferred`
@@ -124,6 +127,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         # 6. our own lowerings: dynamic ops, gather/scatter/sort, control flow, library calls; the facts
         #    are with the analysis (and in the saved module) and the code is not run
         constraint_function(module).erase()
+        if target.kind != "cpu":
+            module.operation.attributes[GPU_ATTR] = ir.UnitAttr.get()
         transposes_below_slices(module)
         transposes_below_scalar_ops(module)
         lower_module(module)
@@ -145,19 +150,25 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         expose_divisibility(_function(module, entry_name), shapes)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "dims clean-up")
         # 9. loops over the same rows fuse, and run behind the library call (GEMM, convolution)
-        #    whose rows they consume; rows are what the thread pool splits
-        fuse_loops(module)
-        fuse_epilogues(module)
-        schedule_column_reductions(module, target.vector_elements())
-        collapse_rows(module)
-        accumulate_in_registers(module)
-        hoist_invariant_loads(module)
-        keep_exp_vectorised(module)
+        #    whose rows they consume; rows are what the thread pool splits (CPU: GPU kernels map
+        #    every dim of a loop to threads)
+        fuse_loops(module)  # GPUs: a fused row (softmax, layer norm) is one block's work
+        if target.kind == "cpu":
+            fuse_epilogues(module)
+            schedule_column_reductions(module, target.vector_elements())
+            collapse_rows(module)
+        accumulate_in_registers(module)  # GPUs: the form cooperative reductions are recognised in
+        if target.kind == "cpu":
+            hoist_invariant_loads(module)
+            keep_exp_vectorised(module)
         integer_powers_as_products(module)
         reciprocals_of_row_divisors(module)
-        version_vector_tails(module, target.vector_elements())
-        version_broadcasts(module)
+        if target.kind == "cpu":
+            version_vector_tails(module, target.vector_elements())
+            version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
+        if target.kind != "cpu":
+            host_buffers(module)
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
         if buffer_reuse:
             run_pipeline(module, f"builtin.module({FREE_AFTER_LAST_USE})", "buffer deallocation")
@@ -166,14 +177,24 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
             shapes.uses.append(f"{shared} dynamically sized buffer(s) take the storage of a freed buffer of provably equal size")
             for name in [entry_name] + ([GUARD_FUNCTION] if assertions else []):  # both take the entry's arguments
                 plan_arena(_function(module, name), shapes)
-        # 11. outermost parallel loops run on the RAL thread pool
-        kernels = outline_parallel_loops(module)
+        # 11. outermost parallel loops run on the RAL thread pool, or become GPU kernels the host
+        #     launches (its own reads of tensors then go through the RAL)
+        device, constants = None, {}
+        if target.kind == "cpu":
+            kernels = outline_parallel_loops(module)
+        else:  # copies buffer deallocation added become loops too
+            copies_to_linalg(module)
+            run_pipeline(module, f"builtin.module({TO_LOOPS})", "copies to loops")
+            kernels, device = outline_gpu_kernels(module)
+            constants = host_memory_through_the_ral(module, (GUARD_FUNCTION,))
         shapes.uses += [f"{k.name} ({k.kind}) relies on {', '.join(k.relies_on)}" for k in kernels if k.relies_on]
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         # 12. sizes computed at run time are checked before the host code allocates them
         check_allocation_sizes(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
+        if device is not None:
+            device_memory(module, constants, (GUARD_FUNCTION,))
         booleans_as_bytes(module)
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
@@ -184,7 +205,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         llvm_ir += _packed_entry(ENTRY, entry_name, num_args, len(signature.results))
         if assertions:
             llvm_ir += _packed_entry(GUARD, GUARD_FUNCTION, num_args, 1)
-        return LoweredModule(llvm_ir, entry_name, assertions, shapes, kernels, params)
+        device_ir = device_llvm_ir(device, target) if device is not None else ""
+        return LoweredModule(llvm_ir, entry_name, assertions, shapes, kernels, params, device_ir)
 
 
 def _packed_entry(name: str, function: str, num_args: int, num_results: int) -> str:

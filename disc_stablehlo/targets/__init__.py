@@ -1,8 +1,8 @@
 """Code generation targets. Targets differ by data (`Target`), not by copies of the emission
-path: the pipeline reads the widths it specialises loops for from the target, and `build.py`
-branches on `Target.kind` in one place. The host x86 target is the one code is generated for so
-far; the CUDA and ROCm targets are described (`"cuda"`, `"cuda:sm_80"`, `"rocm:gfx942"`) and
-rejected at that branch with a clear error until their lowering exists."""
+path: the pipeline reads the widths it specialises loops for from the target and branches on
+`Target.kind` where loops become CPU or GPU kernels, and `build.py` where the device code is
+compiled. A GPU target's host code (shape arithmetic, allocations, launches) is x86 code for any
+x86-64 processor (`host_code_target`): the GPU machine's processor is not this one."""
 
 from __future__ import annotations
 
@@ -39,6 +39,18 @@ def host_target() -> Target:
         # tanh twice as fast and GELU-tanh 2.3x, exp and softmax 1.3x, copies alike (6.3M f32)
         flat += ",-prefer-256-bit"
     return Target("x86", "cpu", llvm.get_process_triple(), llvm.get_host_cpu_name(), flat, vector_bits)
+
+
+def host_code_target(target: Target) -> Target:
+    """The target the host code is generated for: a CPU target itself; for a GPU target, a
+    baseline x86-64 processor (only the shape arithmetic and the launches run there)."""
+    if target.kind == "cpu":
+        return target
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return Target("x86", "cpu", llvm.get_process_triple(), "x86-64-v2", "", 128)
 
 
 # the GPUs a target name may choose: PTX 8.0 covers all of these (and CUDA 12 drivers and later,

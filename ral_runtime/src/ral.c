@@ -1,12 +1,14 @@
 /* The RAL: caching allocator, per-call contexts, thread pool and BLAS calls. See ral/ral.h. */
 #define _GNU_SOURCE
 #include "ral/ral.h"
+#include "ral_internal.h"
 #include "small_gemm.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
-#include <setjmp.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,16 +226,7 @@ struct ral_runtime {
   dgemm_fn dgemm;
   ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS does every product */
   int64_t l2_bytes;                /* one core's L2 cache */
-};
-
-struct ral_context {
-  ral_runtime *rt;
-  void **buffers;
-  size_t num_buffers, cap_buffers;
-  ral_status status;
-  char message[512];
-  jmp_buf exit; /* back to ral_context_call, valid while `in_call` */
-  int in_call;
+  _Atomic(ral_gpu *) gpu;          /* NULL: no GPU enabled */
 };
 
 int ral_abi_version(void) { return RAL_ABI_VERSION; }
@@ -242,19 +235,33 @@ static _Thread_local char create_error[512];
 
 const char *ral_runtime_create_error(void) { return create_error; }
 
+void runtime_error(const char *fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  vsnprintf(create_error, sizeof create_error, fmt, args);
+  va_end(args);
+}
+
+ral_gpu *runtime_gpu(const ral_runtime *rt) { return atomic_load_explicit(&rt->gpu, memory_order_acquire); }
+
+ral_gpu *runtime_install_gpu(ral_runtime *rt, ral_gpu *gpu) {
+  ral_gpu *expected = NULL;
+  return atomic_compare_exchange_strong(&rt->gpu, &expected, gpu) ? gpu : expected;
+}
+
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out) {
   *out = NULL;
   create_error[0] = 0;
   ral_runtime *rt = calloc(1, sizeof(*rt));
   if (!rt) {
-    snprintf(create_error, sizeof create_error, "out of memory creating the runtime");
+    runtime_error("out of memory creating the runtime");
     return RAL_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_init(&rt->alloc.lock, NULL);
   if (blas_path && blas_path[0]) {
     rt->blas = dlopen(blas_path, RTLD_NOW | RTLD_LOCAL);
     if (!rt->blas) {
-      snprintf(create_error, sizeof create_error, "cannot load BLAS '%s': %s", blas_path, dlerror());
+      runtime_error("cannot load BLAS '%s': %s", blas_path, dlerror());
       pthread_mutex_destroy(&rt->alloc.lock);
       free(rt);
       return RAL_ERR_UNAVAILABLE;
@@ -285,7 +292,7 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
   if (num_threads < 1) num_threads = 1;
   /* the calling thread works too, so the pool holds one thread fewer */
   if (!pool_start(&rt->pool, num_threads - 1)) {
-    snprintf(create_error, sizeof create_error, "cannot start the thread pool");
+    runtime_error("cannot start the thread pool");
     ral_runtime_destroy(rt);
     return RAL_ERR_INTERNAL;
   }
@@ -296,6 +303,7 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
 void ral_runtime_destroy(ral_runtime *rt) {
   if (!rt) return;
   if (rt->pool.workers) pool_stop(&rt->pool);
+  if (runtime_gpu(rt)) gpu_destroy(runtime_gpu(rt));
   allocator_release_all(&rt->alloc);
   pthread_mutex_destroy(&rt->alloc.lock);
   if (rt->blas) dlclose(rt->blas);
@@ -325,8 +333,10 @@ ral_status ral_context_create(ral_runtime *rt, ral_context **out) {
 
 void ral_context_destroy(ral_context *ctx) {
   if (!ctx) return;
-  for (size_t i = 0; i < ctx->num_buffers; i++) allocator_put(&ctx->rt->alloc, ctx->buffers[i]);
-  free(ctx->buffers);
+  for (size_t i = 0; i < ctx->buffers.count; i++) allocator_put(&ctx->rt->alloc, ctx->buffers.items[i]);
+  free(ctx->buffers.items);
+  gpu_release_context(ctx);
+  free(ctx->device_buffers.items);
   free(ctx);
 }
 
@@ -335,6 +345,8 @@ ral_context *ral_context_enter(ral_context *ctx) {
   tls_context = ctx;
   return prev;
 }
+
+ral_context *current_context(void) { return tls_context; }
 
 ral_status ral_context_status(const ral_context *ctx) { return ctx->status; }
 const char *ral_context_message(const ral_context *ctx) { return ctx->message; }
@@ -355,27 +367,37 @@ ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void 
 /* After a failure, the rest of the entry is skipped when the failure happened in the entry's own
  * code on the thread that called it: not on a pool thread, not inside a parallel loop (whose
  * chunks hold the pool), where generated code goes on and the failure is reported at the end. */
-static void context_exit(ral_context *ctx) {
+void context_exit(ral_context *ctx) {
   if (ctx && ctx->in_call && !tls_in_pool && tls_context == ctx) longjmp(ctx->exit, 1);
 }
 
-static int context_record(ral_context *ctx, void *ptr) {
-  if (ctx->num_buffers == ctx->cap_buffers) {
-    size_t cap = ctx->cap_buffers ? 2 * ctx->cap_buffers : 16;
-    void **grown = realloc(ctx->buffers, cap * sizeof(void *));
+int ptr_list_add(ral_ptr_list *list, void *ptr) {
+  if (list->count == list->cap) {
+    size_t cap = list->cap ? 2 * list->cap : 16;
+    void **grown = realloc(list->items, cap * sizeof(void *));
     if (!grown) return 0;
-    ctx->buffers = grown;
-    ctx->cap_buffers = cap;
+    list->items = grown;
+    list->cap = cap;
   }
-  ctx->buffers[ctx->num_buffers++] = ptr;
+  list->items[list->count++] = ptr;
   return 1;
 }
 
-/* Whether `ptr` points into a buffer the context allocated (an intermediate of the call, not an
- * argument or a parameter). */
+int ptr_list_remove(ral_ptr_list *list, const void *ptr) {
+  for (size_t i = list->count; i-- > 0;) { /* newest first: generated code frees recent temporaries */
+    if (list->items[i] == ptr) {
+      list->items[i] = list->items[--list->count];
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Whether `ptr` points into a host buffer the context allocated (an intermediate of the call, not
+ * an argument or a parameter). */
 static int context_owns(const ral_context *ctx, const void *ptr) {
-  for (size_t i = 0; i < ctx->num_buffers; i++) {
-    const char *base = ctx->buffers[i];
+  for (size_t i = 0; i < ctx->buffers.count; i++) {
+    const char *base = ctx->buffers.items[i];
     const block_header *h = (const block_header *)(base - RAL_HEADER);
     if ((const char *)ptr >= base && (const char *)ptr < base + h->used) return 1;
   }
@@ -383,13 +405,7 @@ static int context_owns(const ral_context *ctx, const void *ptr) {
 }
 
 int ral_context_take(ral_context *ctx, void *ptr) {
-  for (size_t i = ctx->num_buffers; i-- > 0;) {
-    if (ctx->buffers[i] == ptr) {
-      ctx->buffers[i] = ctx->buffers[--ctx->num_buffers];
-      return 1;
-    }
-  }
-  return 0;
+  return ptr_list_remove(&ctx->buffers, ptr) || ptr_list_remove(&ctx->device_buffers, ptr);
 }
 
 void ral_buffer_free(ral_runtime *rt, void *ptr) { allocator_put(&rt->alloc, ptr); }
@@ -403,7 +419,7 @@ void *ral_alloc(ral_context *ctx, size_t bytes) {
     context_exit(ctx);
     return NULL;
   }
-  if (!context_record(ctx, ptr)) {
+  if (!ptr_list_add(&ctx->buffers, ptr)) {
     allocator_put(&ctx->rt->alloc, ptr);
     ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, "out of memory recording a buffer");
     context_exit(ctx);
@@ -459,6 +475,33 @@ void *_mlir_memref_to_llvm_aligned_alloc(size_t alignment, size_t bytes) {
   return _mlir_memref_to_llvm_alloc(bytes);
 }
 
+/* float and double -> bfloat16 for generated code: the conversions LLVM calls on x86 processors
+ * without AVX-512 BF16 (compiler-rt's names; libgcc before GCC 13 has none). Round to nearest
+ * even, a NaN stays a quiet NaN; the result's bits are in the low half of a float register, where
+ * the x86-64 ABI returns a bfloat16. */
+static float bf16_result(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  u = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  float r;
+  memcpy(&r, &u, sizeof r);
+  return r;
+}
+
+float __truncsfbf2(float x) { return bf16_result(x); }
+
+float __truncdfbf2(double x) {
+  float f = (float)x; /* rounded once more below: made round-to-odd first, so the second rounding is exact */
+  if (x == x && (double)f != x) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (fabs((double)f) > fabs(x)) u -= 1; /* rounded away from zero: the value toward zero */
+    u |= 1u;
+    memcpy(&f, &u, sizeof f);
+  }
+  return bf16_result(f);
+}
+
 void disc_ral_check_alloc(int64_t status, int64_t value, const char *what) {
   if (status == 0 || !tls_context) return;
   char msg[512];
@@ -473,7 +516,7 @@ void disc_ral_check_alloc(int64_t status, int64_t value, const char *what) {
 /* Buffers live until the end of the call (or are taken as results); a free from generated
  * code returns a block early only when the current context owns it. */
 void _mlir_memref_to_llvm_free(void *ptr) {
-  if (tls_context && ptr && ral_context_take(tls_context, ptr)) ral_buffer_free(tls_context->rt, ptr);
+  if (tls_context && ptr && ptr_list_remove(&tls_context->buffers, ptr)) ral_buffer_free(tls_context->rt, ptr);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -503,13 +546,13 @@ static kernel_stat *stat_slot(const void *key, int insert) {
   return NULL; /* full: the call is not counted */
 }
 
-static int64_t now_ns(void) {
+int64_t now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void stat_record(const void *key, int pooled, int64_t start_ns) {
+void stat_record(const void *key, int pooled, int64_t start_ns) {
   kernel_stat *s = stat_slot(key, 1);
   if (!s) return;
   atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
@@ -578,11 +621,8 @@ void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_mem
   }
 }
 
-enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-
 /* BLAS wants a unit stride in one of the two dims of each operand: pick the layout flag. */
-static int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t cols, int *trans,
-                       int64_t *ld) {
+int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t cols, int *trans, int64_t *ld) {
   if (s_cols == 1 || cols == 1) {
     *trans = NO_TRANS;
     *ld = s_rows > cols ? s_rows : (cols > 0 ? cols : 1);

@@ -6,7 +6,8 @@
  *  - A ral_context belongs to ONE call of a compiled function on ONE thread. Every buffer the
  *    generated code allocates during that call is recorded in the context and returned to the
  *    runtime's cache by ral_context_destroy, except buffers handed to the caller with
- *    ral_context_take, which the caller later gives back with ral_buffer_free.
+ *    ral_context_take, which the caller later gives back with ral_buffer_free (host buffers) or
+ *    ral_gpu_free (device buffers).
  *  - Errors never abort: they are recorded in the context (first error wins) and read back with
  *    ral_context_status / ral_context_message after the call.
  */
@@ -31,7 +32,7 @@ typedef enum {
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 4
+#define RAL_ABI_VERSION 5
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -44,7 +45,8 @@ typedef struct ral_context ral_context;
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out);
 void ral_runtime_destroy(ral_runtime *rt);
 int ral_runtime_num_threads(const ral_runtime *rt);
-/* Message of the last ral_runtime_create failure on this thread (static storage). */
+/* Message of the last ral_runtime_create, ral_runtime_enable_gpu or ral_gpu_alloc failure on this
+ * thread (static storage). */
 const char *ral_runtime_create_error(void);
 
 typedef struct {
@@ -74,8 +76,9 @@ void ral_context_fail(ral_context *ctx, ral_status status, const char *message);
  * runs, and the buffers allocated so far stay owned by the context. */
 typedef void (*ral_entry)(void *args, void *results);
 ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void *results);
-/* Transfers a buffer allocated in this context to the caller: returns 1 and forgets it, or 0 if
- * the pointer was not allocated by this context (an argument, a constant, or taken already). */
+/* Transfers a buffer allocated in this context (host, or device: disc_ral_gpu_alloc) to the
+ * caller: returns 1 and forgets it, or 0 if the pointer was not allocated by this context (an
+ * argument, a constant, or taken already). */
 int ral_context_take(ral_context *ctx, void *ptr);
 /* Gives a buffer obtained through ral_context_take back to the runtime. */
 void ral_buffer_free(ral_runtime *rt, void *ptr);
@@ -182,6 +185,97 @@ void disc_ral_conv_f32_epilogue(DISC_RAL_CONV_ARGS(float), ral_parallel_body epi
                                 int64_t work);
 void disc_ral_conv_f64_epilogue(DISC_RAL_CONV_ARGS(double), ral_parallel_body epilogue, void *epilogue_data, int64_t rows,
                                 int64_t work);
+
+/* ---- GPU device (CUDA) ------------------------------------------------------------------------
+ * The driver and cuBLAS are loaded with dlopen: the RAL builds without CUDA. All GPU work of a
+ * context (launches, copies, GEMMs) goes on the context's stream, in order; the host does not
+ * wait for it except where said. Device memory comes from a caching allocator whose cached
+ * blocks are reused only on the stream that freed them (stream order makes that safe), like
+ * PyTorch's: a buffer used on another stream than the one it was allocated for must be freed only
+ * after that work is done (ral_context_synchronize). Every entry point is thread-safe; each makes
+ * the device's primary context current on the calling thread. */
+
+/* Loads the CUDA driver (driver_path NULL: "libcuda.so.1"), initialises it and retains the primary
+ * context of device `ordinal` (the one PyTorch and JAX use: memory is shared with them), and
+ * loads cuBLAS from cublas_path if it is not NULL (where it is NULL or does not load, GEMMs fail
+ * with RAL_ERR_UNAVAILABLE, saying why). Failure: RAL_ERR_UNAVAILABLE, the message in
+ * ral_runtime_create_error(). Calling it again is a no-op for the same device (RAL_OK), and
+ * RAL_ERR_INVALID_ARGUMENT for another. The runtime releases the device when destroyed, freeing
+ * every device buffer it still knows (taken ones not given back included). */
+ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, const char *cublas_path, int ordinal);
+int ral_runtime_has_gpu(const ral_runtime *rt);
+/* Device memory: held by live buffers (bytes_in_use: those of contexts, taken ones, constants and
+ * ral_gpu_alloc's), cached free blocks, and so on as for host memory. Zeros without a GPU. */
+void ral_runtime_gpu_memory_stats(ral_runtime *rt, ral_memory_stats *out);
+/* Drops the cached modules (and their functions) and constants whose key (the image, PTX or host
+ * data pointer given to disc_ral_gpu_launch / disc_ral_gpu_constant) lies in [begin, begin +
+ * bytes). Call it before unloading a host object that called them with this runtime: another
+ * object loaded at the same address would otherwise find the first one's kernels and constants.
+ * No work using them may be pending. */
+void ral_runtime_gpu_forget(ral_runtime *rt, const void *begin, size_t bytes);
+
+/* The CUstream of the context's GPU work (NULL, the default: the legacy default stream). Set it
+ * before the context's first GPU work. */
+void ral_context_set_stream(ral_context *ctx, void *stream);
+/* Waits for the context's stream. A driver error is recorded in the context and returned. */
+ral_status ral_context_synchronize(ral_context *ctx);
+
+/* Device memory for the caller (e.g. a call's inputs), from the runtime's cache, for the legacy
+ * default stream. Failure: RAL_ERR_OUT_OF_MEMORY (or RAL_ERR_UNAVAILABLE without a GPU), the
+ * message in ral_runtime_create_error(). */
+ral_status ral_gpu_alloc(ral_runtime *rt, size_t bytes, void **out);
+/* Gives back memory from ral_gpu_alloc, or a device buffer taken from a context with
+ * ral_context_take. Other pointers are ignored. */
+void ral_gpu_free(ral_runtime *rt, void *ptr);
+
+enum { RAL_COPY_HOST_TO_DEVICE = 0, RAL_COPY_DEVICE_TO_HOST = 1, RAL_COPY_DEVICE_TO_DEVICE = 2 };
+/* Copies `bytes` on the context's stream. Host to device: pageable host memory may be reused on
+ * return, page-locked memory only once the stream has done the copy. Device to host waits for the
+ * stream: the data is there on return. Errors (a driver error: its name and description) are
+ * recorded in the context and returned. */
+ral_status ral_gpu_copy(ral_context *ctx, void *dst, const void *src, size_t bytes, int direction);
+
+/* -- called by generated host code (current context from ral_context_enter). A failure fails the
+ * context and ends the call as a failed allocation does (see ral_context_call); without a GPU
+ * enabled they fail with RAL_ERR_UNAVAILABLE. */
+
+/* A device buffer owned by the current context (given back by ral_context_destroy unless taken),
+ * 256-byte aligned; 0 bytes gives a unique pointer too. Fails with RAL_ERR_OUT_OF_MEMORY (the
+ * size and the driver's message) after a failed cuMemAlloc retried once with the cache freed. */
+void *disc_ral_gpu_alloc(int64_t bytes);
+/* Gives a buffer of disc_ral_gpu_alloc back early; a pointer the current context does not own
+ * (an argument, a constant, freed already) is ignored. */
+void disc_ral_gpu_free(void *ptr);
+/* A device copy of read-only host data (a constant of the host object), made on first use and
+ * kept by the runtime for every context and thread until the runtime is destroyed (or
+ * ral_runtime_gpu_forget). */
+void *disc_ral_gpu_constant(const void *host, int64_t bytes);
+/* The host code's reads and writes of single elements of device buffers (indices, conditions):
+ * copies of `bytes` on the context's stream (a read waits for the stream); a failure ends the call. */
+void disc_ral_gpu_read(void *host, const void *device, int64_t bytes);
+void disc_ral_gpu_write(void *device, const void *host, int64_t bytes);
+/* Launches `kernel` of the module `image` (a cubin of image_size bytes, or NULL when there is only
+ * PTX) with min(ceil(threads / block), 2^20) blocks of `block` threads in x (kernels loop
+ * grid-stride), no dynamic shared memory, on the context's stream; threads <= 0 launches nothing.
+ * `params`: num_params 8-byte slots, kernel parameter i in slot i. Modules are loaded once per
+ * runtime, keyed by the image pointer (the PTX pointer without an image): the cubin, or where the
+ * driver refuses it (built for another GPU) the NUL-terminated PTX text, compiled by the driver.
+ * Driver errors fail with RAL_ERR_INTERNAL: "cuLaunchKernel(<kernel>, grid <g>, block <b>):
+ * <error name>: <description>" (likewise for loading). */
+void disc_ral_gpu_launch(const void *image, int64_t image_size, const char *ptx, const char *kernel, void *params,
+                         int64_t num_params, int64_t threads, int64_t block);
+/* disc_ral_gemm_f32 / _f64 (same arguments and meaning) on device pointers, by cuBLAS on the
+ * context's stream (default math: exact FP32, no TF32), counted in ral_kernel_stats (`ns`: the
+ * time to enqueue). Each of A and B needs a unit stride in one of its dims (else
+ * RAL_ERR_INVALID_ARGUMENT); RAL_ERR_UNAVAILABLE without cuBLAS. */
+void disc_ral_gpu_gemm_f32(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_b,
+                           int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
+                           int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, float *c, int64_t sc_b,
+                           int64_t sc_i, int64_t ldc);
+void disc_ral_gpu_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const double *a, int64_t sa_b,
+                           int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
+                           int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b,
+                           int64_t sc_i, int64_t ldc);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,63 @@
+"""Compiles the JAX test programs (tests/test_jax_programs.py) for a CUDA target on this machine
+and writes, per program, its artifact and its inputs and jax.jit's outputs at three shapes, for
+`run_cases.py` to run on a GPU machine that has no MLIR (docs/gpu.md).
+
+    python benchmarks/gpu/prepare.py OUT_DIR [--target cuda:sm_90] [--only name,...]
+
+Prints one line per program: compiled, or why not."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import disc_stablehlo as disc  # noqa: E402
+from conftest import concrete, random_array, specs_for  # noqa: E402
+from test_jax_programs import CASES  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--target", default="cuda:sm_90")
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    only = set(filter(None, a.only.split(",")))
+    index = []
+    for name, fn, args, dims, envs, tol in CASES:
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        try:
+            f = disc.compile(fn, *specs_for(args, dims), target=a.target)
+        except disc.DiscError as e:
+            print(f"{name}: not compiled: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+            continue
+        f.save(out / f"{name}.disc")
+        rng = np.random.default_rng(0)
+        for k, env in enumerate(envs):
+            inputs = [random_array(concrete(shape, env), dtype, rng) for shape, dtype in args]
+            want = [np.asarray(w) for w in jax.tree_util.tree_leaves(jax.jit(fn)(*inputs))]
+            np.savez(out / f"{name}.{k}.npz", **{f"in{i}": x for i, x in enumerate(inputs)}, **{f"out{i}": w for i, w in enumerate(want)})
+        index.append({"name": name, "shapes": len(envs), "tol": tol, "envs": envs})
+        print(f"{name}: compiled in {time.perf_counter() - start:.2f} s", flush=True)
+    (out / "index.json").write_text(json.dumps(index, indent=1))
+    print(f"{len(index)} of {len(CASES) if not only else len(only)} programs compiled for {a.target}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DISC_COMPILE_HELPER", "0")
+    sys.exit(main())

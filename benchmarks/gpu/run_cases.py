@@ -1,0 +1,64 @@
+"""Runs the artifacts `prepare.py` wrote on this machine's GPU, with only the runtime side of the
+package (no MLIR, no LLVM): each program at its three shapes, with numpy arguments (copied to the
+device and back) and with CUDA tensors (on the caller's stream, results as CUDA tensors), compared
+with jax.jit's outputs computed where the artifacts were compiled.
+
+    DISC_RAL_DIR=<ral build> python benchmarks/gpu/run_cases.py CASES_DIR
+
+Prints the device, one line per program and a summary; exits 1 if any program failed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> int:
+    import torch
+
+    import disc_stablehlo as disc
+
+    folder = Path(sys.argv[1])
+    index = json.loads((folder / "index.json").read_text())
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    failed = []
+    for case in index:
+        name, tol = case["name"], case["tol"]
+        start = time.perf_counter()
+        try:
+            f = disc.load(folder / f"{name}.disc")
+            worst = 0.0
+            for k in range(case["shapes"]):
+                with np.load(folder / f"{name}.{k}.npz") as data:
+                    inputs = [data[f"in{i}"] for i in range(sum(1 for n in data.files if n.startswith("in")))]
+                    want = [data[f"out{i}"] for i in range(sum(1 for n in data.files if n.startswith("out")))]
+                for mode in ("numpy", "cuda"):
+                    if mode == "numpy":
+                        got = f(*inputs)
+                    else:
+                        got = f(*[torch.from_numpy(np.array(x)).cuda() for x in inputs])  # np.array keeps rank 0
+                        torch.cuda.synchronize()
+                    got = [got] if not isinstance(got, (tuple, list)) else list(got)
+                    for g, w in zip(got, want):
+                        g = g.cpu().numpy() if mode == "cuda" else np.asarray(g)
+                        assert g.shape == w.shape, f"{mode} at {case['envs'][k]}: shape {g.shape} != {w.shape}"
+                        np.testing.assert_allclose(g.astype(w.dtype), w, rtol=tol, atol=tol, err_msg=f"{mode} at {case['envs'][k]}")
+                        if w.size and np.issubdtype(w.dtype, np.number):
+                            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
+            print(f"PASS {name}: {case['shapes']} shapes x (numpy, cuda tensors), max abs error {worst:.2e}, "
+                  f"{time.perf_counter() - start:.2f} s", flush=True)
+        except Exception as e:  # noqa: BLE001  (every program is tried and reported)
+            failed.append(name)
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:600]}", flush=True)
+            traceback.print_exc(limit=3)
+    print(f"{len(index) - len(failed)} of {len(index)} programs match on the GPU; failed: {', '.join(failed) or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,496 @@
+"""GPU kernels from the parallel loops, and host code that launches them through the RAL.
+
+Each outermost `scf.parallel` nest becomes a kernel of the device module (`gpu.module
+@disc_kernels`): one thread per iteration of all its dims, flattened (the innermost dim varies
+fastest, so neighbouring threads touch neighbouring elements), in a grid-stride loop; what the
+body loops over itself (a reduction's inner dims) runs in the thread. The host packs the loop's
+captured values into 8-byte slots as for the CPU thread pool (`parallel.pack_slots`): each slot
+is one kernel parameter, and `disc_ral_gpu_launch` passes them by address. The number of threads
+is computed by the host from the run-time bounds; the RAL picks the grid from it.
+
+The host code keeps shape arithmetic and control flow. Memory it touches is device memory: its
+allocations come from the RAL's device allocator, constants the kernels read are copied to the
+device once (`disc_ral_gpu_constant`), and scalar reads or writes of tensors (a dynamic slice's
+start index, a loop's condition) are copies through the RAL (`disc_ral_gpu_read/write`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch_mlir import ir
+from torch_mlir.dialects import llvm as llvm_dialect
+
+from ..artifact import Kernel
+from ..errors import UnsupportedOpError
+from ..mlir_support import create_value, describe, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
+from .loops import VIEWS, loop_bounds
+from .lower import LoweringState, clone_captured_constants
+from .parallel import (Bounds, _captured, _describe, _find, _sink_views, outermost_parallel_loops, pack_slots, slot_types,
+                       trips, unpack_slots)
+
+DEVICE_MODULE = "disc_kernels"
+BLOCK = 256  # threads per block
+# accessors of the device code the host object embeds (defined with it, `targets/cuda.py`)
+IMAGE, IMAGE_SIZE, PTX = "__disc_gpu_image", "__disc_gpu_image_size", "__disc_gpu_ptx"
+LAUNCH_SIGNATURE = "!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, i64, i64, i64"
+
+
+@dataclasses.dataclass
+class DeviceCode:
+    module: ir.Module      # `gpu.module @disc_kernels` with the kernels and their bodies
+    kernels: list[str]     # the kernels' names
+
+
+def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], DeviceCode]:
+    """Moves every outermost parallel loop of the module's functions into a kernel of a new
+    device module and launches it from where it was; returns what each kernel is and the
+    device module."""
+    state = LoweringState(module)
+    kernels: list[Kernel] = []
+    device: list[str] = []
+    outlined: dict[str, str] = {}  # a loop the same as an earlier one reuses its kernel
+    for op in outermost_parallel_loops(module):
+        _hoist_globals(op)
+        _sink_views(op)
+        captured = _captured(op)
+        if captured is None:
+            raise UnsupportedOpError(f"a loop captures a value GPU kernels cannot take as a parameter (a complex or vector "
+                                     f"scalar): {describe(op)}")
+        bounds = [tuple(_find(captured, v) for v in bound) for bound in loop_bounds(op)]
+        kernel = _describe(op, captured, None)
+        body, launch = state.fresh_symbol("gpu_body"), state.fresh_symbol("gpu_launch")
+        with ir.InsertionPoint(op), op.location:
+            ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(launch)})
+        func = _body_function(op, body, captured, module)
+        block = REDUCTION_BLOCK if _cooperative_rows(func) else 0
+        code = func.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True)
+        key = code.replace(f"@{body}(", "(", 1) + repr(bounds)
+        name = outlined.get(key)
+        if name is None:
+            name = outlined[key] = state.fresh_symbol("gpu")
+            device += [code, _kernel_text(name, body, captured, bounds, block)]
+        func.erase()
+        kernels.append(dataclasses.replace(kernel, name=name, version="block per row" if block else ""))
+        state.add_function(_launch_text(launch, name, captured, bounds, block))
+    text = f"module attributes {{gpu.container_module}} {{\ngpu.module @{DEVICE_MODULE} {{\n" + "\n".join(device) + "\n}\n}"
+    return kernels, DeviceCode(ir.Module.parse(text), sorted(set(outlined.values())))
+
+
+def _hoist_globals(op: ir.Operation) -> None:
+    """Constants the loop reads from a global become values it captures (the host passes the
+    device copy)."""
+    for inner in list(walk(op)):
+        if inner.name == "memref.get_global":
+            inner.move_before(op)
+
+
+def _body_function(op: ir.Operation, name: str, captured: list[ir.Value], module: ir.Module) -> ir.Operation:
+    """Moves one iteration of the loop `op` into a new private function `name(iv..., captured...)`."""
+    index = ir.IndexType.get()
+    body = op.regions[0].blocks[0]
+    dims = len(body.arguments)
+    func, block = new_private_function(module, name, [index] * dims + [v.type for v in captured], [])
+    block.append(op)
+    replace = {v: arg for v, arg in zip(captured, list(block.arguments)[dims:])
+               if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.constant"}
+    for inner in walk(op):
+        for i, v in enumerate(inner.operands):
+            if v in replace:
+                inner.operands[i] = replace[v]
+    for iv, arg in zip(body.arguments, block.arguments):
+        iv.replace_all_uses_with(arg)
+    for inner in list(body.operations)[:-1]:  # all but the terminator
+        inner.move_before(op)
+    op.erase()
+    with ir.InsertionPoint(block), ir.Location.unknown():
+        ir.Operation.create("func.return")
+    clone_captured_constants(func, block)
+    return func
+
+
+def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds, block: int) -> str:
+    """The kernel: rebuild the captured values from the parameters, and run the body for each
+    flattened iteration of the grid-stride loop: one per thread, or (`block`: the body's
+    reductions are cooperative) one per block of `block` threads."""
+    types = slot_types(captured)
+    lines, args = unpack_slots(captured, [f"%a{i}" for i in range(len(types))])
+    constants = {i: int_constant(v) for i, v in enumerate(captured) if isinstance(v.type, ir.IndexType)}
+    for i, c in constants.items():
+        if c is not None:  # constant bounds stay constants
+            lines.append(f"%k{i} = arith.constant {c} : index")
+            args[i] = f"%k{i}"
+    lines += ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", "%tid = gpu.thread_id x",
+              "%bid = gpu.block_id x", "%bdim = gpu.block_dim x", "%gdim = gpu.grid_dim x"]
+    if block:  # all threads of a block run the same iteration
+        lines += ["%start = arith.addi %bid, %zero : index", "%stride = arith.addi %gdim, %zero : index"]
+    else:
+        lines += ["%first = arith.muli %bid, %bdim : index", "%start = arith.addi %first, %tid : index",
+                  "%stride = arith.muli %gdim, %bdim : index"]
+    total = trips(lines, bounds, "all_", lambda i: args[i])
+    signature = ", ".join(["index"] * len(bounds) + [str(v.type) for v in captured])
+
+    def loop(t: str, stem: str) -> list[str]:
+        """The grid-stride loop with its index arithmetic in `t` (i32 or index): the dims of a
+        flattened iteration are divisions, which cost several times more in 64 bits."""
+        cast = (lambda v, to: f"arith.index_castui {v} : index to {to}") if t == "i32" else (lambda v, to: f"arith.addi {v}, %zero : index")
+        out = [f"%{stem}start = {cast('%start', t)}", f"%{stem}stride = {cast('%stride', t)}", f"%{stem}total = {cast(total, t)}"]
+        out += [f"%{stem}pos{d} = {cast(f'%all_pos{d}', t)}" for d in range(1, len(bounds))]
+        out.append(f"scf.for %{stem}i = %{stem}start to %{stem}total step %{stem}stride : {t} {{")
+        rest, ivs = f"%{stem}i", []
+        for d in reversed(range(len(bounds))):
+            lb, _, step = (args[k] for k in bounds[d])
+            idx = rest
+            if d > 0:
+                out += [f"%{stem}idx{d} = arith.remui {rest}, %{stem}pos{d} : {t}", f"%{stem}rest{d} = arith.divui {rest}, %{stem}pos{d} : {t}"]
+                idx, rest = f"%{stem}idx{d}", f"%{stem}rest{d}"
+            if t == "i32":
+                out.append(f"%{stem}x{d} = arith.index_castui {idx} : i32 to index")
+                idx = f"%{stem}x{d}"
+            out += [f"%{stem}off{d} = arith.muli {idx}, {step} : index", f"%{stem}iv{d} = arith.addi {lb}, %{stem}off{d} : index"]
+            ivs.insert(0, f"%{stem}iv{d}")
+        return out + [f"  func.call @{body}({', '.join(ivs + args)}) : ({signature}) -> ()", "}"]
+
+    # the iterations' count decides (the same in every thread): 32-bit index arithmetic below 2^31
+    lines += [f"%limit = arith.constant {2**31 - 1} : index", f"%fits = arith.cmpi ule, {total}, %limit : index",
+              "scf.if %fits {", *loop("i32", "n"), "} else {", *loop("index", "w"), "}", "gpu.return"]
+    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(types))
+    return f"gpu.func @{name}({params}) kernel {{\n  " + "\n  ".join(lines) + "\n}"
+
+
+REDUCTION_BLOCK = 128  # threads that share a row of a cooperative reduction
+# a reduction's combining op -> gpu.all_reduce's name for it, and its identity ("lowest",
+# "highest": of the type)
+_COMBINERS = {"arith.addf": ("add", 0.0), "arith.mulf": ("mul", 1.0), "arith.maximumf": ("maximumf", "lowest"),
+              "arith.minimumf": ("minimumf", "highest"), "arith.addi": ("add", 0), "arith.muli": ("mul", 1),
+              "arith.maxsi": ("maxsi", "lowest"), "arith.minsi": ("minsi", "highest"), "arith.andi": ("and", -1),
+              "arith.ori": ("or", 0), "arith.xori": ("xor", 0)}
+# ops a cooperative body may hold besides its reductions (all threads of the block run them alike)
+_UNIFORM = ("arith.", "math.", "memref.load", "memref.dim", "memref.extract_strided_metadata", "affine.apply", *VIEWS)
+
+
+def _contiguous(loop: ir.Operation) -> bool:
+    """Whether the loop's iterations access memory along the last dim of some buffer."""
+    iv = loop.regions[0].blocks[0].arguments[0]
+    return any(o.name in ("memref.load", "memref.store") and o.operands[len(o.operands) - 1] == iv
+               and len(o.operands) > (2 if o.name == "memref.store" else 1) for o in walk(loop))
+
+
+def _nested(loop: ir.Operation, names: tuple[str, ...]) -> bool:
+    return any(o.name in names for o in list(walk(loop))[1:])
+
+
+def _reduction(loop: ir.Operation) -> ir.Operation | None:
+    """The combining op of an scf.for along contiguous memory that folds one value (f32 or i32)
+    and writes nothing, or None."""
+    if loop.name != "scf.for" or len(loop.results) != 1 or str(loop.results[0].type) not in ("f32", "i32"):
+        return None
+    body = loop.regions[0].blocks[0]
+    acc = body.arguments[1]
+    yielded = body.operations[len(body.operations) - 1].operands[0]
+    if isinstance(yielded.owner, ir.Block) or _nested(loop, ("memref.store", "scf.for", "scf.parallel", "scf.while", "func.call")):
+        return None
+    combine = operation(yielded.owner)
+    uses = list(acc.uses)
+    if combine.name not in _COMBINERS or len(uses) != 1 or operation(uses[0].owner) != combine:
+        return None
+    return combine if _contiguous(loop) else None
+
+
+def _row_loop(loop: ir.Operation) -> bool:
+    """A loop over a row's elements without a result (an scf.for, or a one-dim scf.parallel)
+    along contiguous memory, with no loop or call inside."""
+    if loop.name not in ("scf.for", "scf.parallel") or loop.results or len(loop.regions[0].blocks[0].arguments) != 1:
+        return False
+    return not _nested(loop, ("scf.for", "scf.parallel", "scf.while", "scf.if", "func.call")) and _contiguous(loop)
+
+
+def _cooperative_rows(func: ir.Operation) -> bool:
+    """Rewrites a body that works on one row (one iteration of the kernel's loop) along contiguous
+    memory, in phases (reductions, loops over the row's elements, stores of row values: a
+    softmax or a layer norm fused into one loop), so that a block of threads runs it: each
+    thread takes a strided part of each loop, `gpu.all_reduce` combines the parts of a
+    reduction, one thread stores the row's values, and a barrier ends each phase that writes
+    (later phases read what other threads wrote). Returns whether it did (otherwise the body is
+    left as it is: one thread per iteration)."""
+    block = func.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations][:-1]  # without the return
+    kinds = []
+    for o in ops:
+        kinds.append("reduce" if _reduction(o) is not None else "loop" if _row_loop(o) else "store" if o.name == "memref.store"
+                     else "uniform" if o.name.startswith(_UNIFORM) else None)
+    if None in kinds or not {"reduce", "loop"} & set(kinds):
+        return False
+    index, i1 = ir.IndexType.get(), ir.IntegerType.get_signless(1)
+    with ir.InsertionPoint.at_block_begin(block), ir.Location.unknown():
+        tid = create_value("gpu.thread_id", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
+        threads = create_value("gpu.block_dim", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
+        zero = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, 0))
+        first = create_value("arith.cmpi", [tid, zero], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+    ret = block.operations[len(block.operations) - 1]
+    for i, (o, kind) in enumerate(zip(ops, kinds)):
+        after = ops[i + 1] if i + 1 < len(ops) else ret
+        if kind in ("reduce", "loop"):  # each thread: iterations tid, tid + threads, ...
+            n = 1 if o.name == "scf.for" else len(o.regions[0].blocks[0].arguments)
+            with ir.InsertionPoint(o), o.location:
+                lb, step = o.operands[0], o.operands[2 * n]
+                o.operands[0] = create_value("arith.addi", [lb, create_value("arith.muli", [tid, step], index)], index)
+                o.operands[2 * n] = create_value("arith.muli", [step, threads], index)
+        if kind == "reduce":
+            combine = _reduction(o)
+            name, identity = _COMBINERS[combine.name]
+            t, init = o.results[0].type, o.operands[3]
+            with ir.InsertionPoint(o), o.location:
+                o.operands[3] = _constant(t, identity)
+            uses = [(u.owner, u.operand_number) for u in o.results[0].uses]
+            with ir.InsertionPoint(after), o.location:
+                total = ir.Operation.create("gpu.all_reduce", results=[t], operands=[o.results[0]], regions=1, attributes={
+                    "op": ir.Attribute.parse(f"#gpu<all_reduce_op {name}>"), "uniform": ir.UnitAttr.get()}).result
+                final = create_value(combine.name, [init, total], t)
+            for owner, k in uses:
+                owner.operands[k] = final
+        elif kind == "store":  # one thread stores the row's value
+            with ir.InsertionPoint(o), o.location:
+                only = ir.Operation.create("scf.if", operands=[first], regions=2)
+                then = only.regions[0].blocks.append()
+            then.append(o)
+            with ir.InsertionPoint(then), ir.Location.unknown():
+                ir.Operation.create("scf.yield")
+        if kind in ("loop", "store") and after != ret:  # what it wrote is read by other threads after it
+            with ir.InsertionPoint(after), ir.Location.unknown():
+                ir.Operation.create("gpu.barrier")
+    return True
+
+
+def _constant(t: ir.Type, value) -> ir.Value:
+    if isinstance(t, ir.F32Type):
+        v = {"lowest": float("-inf"), "highest": float("inf")}.get(value, value)
+        return create_value("arith.constant", [], t, value=ir.FloatAttr.get(t, v))
+    v = {"lowest": -(1 << 31), "highest": (1 << 31) - 1}.get(value, value)
+    return create_value("arith.constant", [], t, value=ir.IntegerAttr.get(t, v))
+
+
+def _launch_text(name: str, kernel: str, captured: list[ir.Value], bounds: Bounds, block: int) -> str:
+    """The host side: pack the captured values and launch one thread per iteration, or one
+    block of `block` threads per iteration."""
+    lines = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", *pack_slots(captured)]
+    total = trips(lines, bounds, "all_")
+    if block:
+        lines.append(f"%blocks = arith.muli {total}, %c_block : index")
+        lines.insert(0, f"%c_block = arith.constant {block} : index")
+        total = "%blocks"
+    lines += [f"%threads = arith.index_cast {total} : index to i64",
+              f"%image = func.call @{IMAGE}() : () -> !llvm.ptr", f"%size = func.call @{IMAGE_SIZE}() : () -> i64",
+              f"%ptx = func.call @{PTX}() : () -> !llvm.ptr", f"%name = llvm.mlir.addressof @{kernel}_name : !llvm.ptr",
+              f"%slots = llvm.mlir.constant({len(slot_types(captured))} : i64) : i64",
+              f"%block = llvm.mlir.constant({block or BLOCK} : i64) : i64",
+              f"func.call @disc_ral_gpu_launch(%image, %size, %ptx, %name, %buf, %slots, %threads, %block) : ({LAUNCH_SIGNATURE}) -> ()",
+              "llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
+    params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
+    return "\n".join([
+        f"func.func private @{IMAGE}() -> !llvm.ptr", f"func.func private @{IMAGE_SIZE}() -> i64",
+        f"func.func private @{PTX}() -> !llvm.ptr", f"func.func private @disc_ral_gpu_launch({LAUNCH_SIGNATURE})",
+        f'llvm.mlir.global private constant @{kernel}_name("{kernel}\\00") {{addr_space = 0 : i32}}',
+        f"func.func private @{name}({params}) {{\n  " + "\n  ".join(lines) + "\n}"])
+
+
+DEVICE_COPY = "__device"  # the suffix of a constant global the kernels or library calls read (`device_memory`)
+
+
+def host_buffers(module: ir.Module) -> None:
+    """Before buffers are planned: small buffers of static shape that only the host code reads
+    and writes (a reshape's shape operand, built from dims) become stack buffers of the host;
+    constant globals that the kernels or library calls read are copied to the device (their
+    symbols get `DEVICE_COPY`), the others stay in host memory."""
+    for op in [op for op in walk(module.operation) if op.name == "memref.alloc"]:
+        if _host_only(op):
+            mt = ir.MemRefType(op.result.type)
+            if mt.has_static_shape and _count(mt) * _element_bytes(mt.element_type) <= 1024:
+                _on_the_stack(op)
+    globals_ = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in walk(module.operation) if op.name == "memref.global"}
+    for op in [op for op in walk(module.operation) if op.name == "memref.get_global"]:
+        name = ir.FlatSymbolRefAttr(op.attributes["name"]).value
+        if _host_only(op) or name not in globals_:
+            continue
+        device = name + DEVICE_COPY
+        if device not in globals_:
+            globals_[device] = globals_[name].clone()
+            globals_[device].attributes["sym_name"] = ir.StringAttr.get(device)
+        op.attributes["name"] = ir.FlatSymbolRefAttr.get(device)
+
+
+def _host_only(op: ir.Operation) -> bool:
+    """Whether the buffer `op` creates is only read or written by the host code itself."""
+    for use in op.result.uses:
+        o, n = use.owner, use.operand_number
+        if o.name == "memref.dealloc" or (o.name == "memref.reshape" and n == 1):
+            continue
+        if not (o.name == "memref.load" or (o.name == "memref.store" and n == 1)) or nested_in(o, "scf.parallel"):
+            return False
+    return True
+
+
+def _on_the_stack(alloc: ir.Operation) -> None:
+    with ir.InsertionPoint(alloc), alloc.location:
+        stack = ir.Operation.create("memref.alloca", results=[alloc.result.type], attributes={
+            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([0, 0])})
+    for use in list(alloc.result.uses):
+        if use.owner.name == "memref.dealloc":
+            use.owner.erase()
+    alloc.result.replace_all_uses_with(stack.result)
+    alloc.erase()
+
+
+def _device_side(module: ir.Module, host_only: tuple[str, ...]) -> list[ir.Operation]:
+    """The ops of the module's functions but those named in `host_only` (the guard: shape
+    arithmetic whose result the caller reads in host memory) and their C interfaces."""
+    names = set(host_only) | {f"_mlir_ciface_{n}" for n in host_only}
+    return [op for f in module.body.operations if f.operation.name not in ("func.func", "llvm.func")
+            or ir.StringAttr(f.attributes["sym_name"]).value not in names for op in walk(f.operation)]
+
+
+def host_memory_through_the_ral(module: ir.Module, host_only: tuple[str, ...]) -> dict[str, int]:
+    """After the kernels are outlined: the host code's own reads and writes of device buffers
+    (scalars: indices, conditions) become copies through the RAL; returns the bytes of each
+    constant global the device reads, whose address the host code later exchanges for its
+    device copy (`device_memory`, after the lowering to LLVM)."""
+    constants = {}
+    for op in walk(module.operation):
+        name = ir.StringAttr(op.attributes["sym_name"]).value if op.name == "memref.global" else ""
+        if name.endswith(DEVICE_COPY):
+            mt = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
+            constants[name] = _element_bytes(mt.element_type) * _count(mt)
+    accesses = [op for op in _device_side(module, host_only) if op.name in ("memref.load", "memref.store")
+                and not _host_memory(op.operands[1 if op.name == "memref.store" else 0])]
+    for op in accesses:
+        _through_the_ral(op)
+    left = [op for op in walk(module.operation) if op.name in ("memref.copy", "memref.atomic_rmw", "memref.generic_atomic_rmw")
+            or op.name.startswith(("linalg.", "vector."))]
+    if left:
+        raise UnsupportedOpError(f"the host code would access device memory: {describe(left[0])}")
+    if accesses:
+        with ir.Location.unknown():
+            for fn in ("disc_ral_gpu_read", "disc_ral_gpu_write"):
+                ir.InsertionPoint.at_block_begin(module.body).insert(ir.Operation.parse(f"func.func private @{fn}(!llvm.ptr, !llvm.ptr, i64)"))
+    return constants
+
+
+def _host_memory(v: ir.Value) -> bool:
+    """Whether `v` is a stack buffer or a constant global the host keeps."""
+    if isinstance(v.owner, ir.Block):
+        return False
+    op = operation(v.owner)
+    return op.name == "memref.alloca" or (op.name == "memref.get_global" and not ir.FlatSymbolRefAttr(op.attributes["name"]).value.endswith(DEVICE_COPY))
+
+
+def _through_the_ral(op: ir.Operation) -> None:
+    """A load or store of one element in host code: through a stack slot and a RAL copy."""
+    store = op.name == "memref.store"
+    memref = op.operands[1 if store else 0]
+    indices = list(op.operands)[2 if store else 1:]
+    mt = ir.MemRefType(memref.type)
+    size = _element_bytes(mt.element_type)
+    index, i64, ptr = ir.IndexType.get(), ir.IntegerType.get_signless(64), ir.Type.parse("!llvm.ptr")
+    with ir.InsertionPoint(op), op.location:
+        base_type = ir.MemRefType.get([], mt.element_type)
+        meta = ir.Operation.create("memref.extract_strided_metadata", operands=[memref],
+                                   results=[base_type, index] + [index] * (2 * mt.rank))
+        offset = meta.results[1]
+        for i, idx in enumerate(indices):
+            offset = create_value("arith.addi", [offset, create_value("arith.muli", [idx, meta.results[2 + mt.rank + i]], index)], index)
+        base = create_value("memref.extract_aligned_pointer_as_index", [meta.results[0]], index)
+        bytes_ = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, size))
+        address = create_value("arith.addi", [base, create_value("arith.muli", [offset, bytes_], index)], index)
+        device = create_value("llvm.inttoptr", [create_value("arith.index_cast", [address], i64)], ptr)
+        one = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(i64, 1))
+        is_index = isinstance(mt.element_type, ir.IndexType)  # held as i64
+        slot_type = i64 if is_index else mt.element_type
+        slot = create_value("llvm.alloca", [one], ptr, elem_type=ir.TypeAttr.get(slot_type))
+        n = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(i64, size))
+        if store:
+            value = create_value("arith.index_cast", [op.operands[0]], i64) if is_index else op.operands[0]
+            ir.Operation.create("llvm.store", operands=[value, slot])
+            ir.Operation.create("func.call", operands=[device, slot, n], attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_gpu_write")})
+        else:
+            ir.Operation.create("func.call", operands=[slot, device, n], attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_gpu_read")})
+            value = create_value("llvm.load", [slot], slot_type)
+            op.results[0].replace_all_uses_with(create_value("arith.index_cast", [value], index) if is_index else value)
+    op.erase()
+
+
+def _element_bytes(t: ir.Type) -> int:
+    if isinstance(t, ir.ComplexType):
+        return 2 * _element_bytes(t.element_type)
+    if isinstance(t, ir.IndexType):
+        return 8
+    return max(1, (t.width + 7) // 8)
+
+
+def _count(mt: ir.MemRefType) -> int:
+    n = 1
+    for d in mt.shape:
+        n *= d
+    return n
+
+
+# the RAL entries the host code calls (the allocation hooks of MLIR's finalize-memref-to-llvm
+# among them) and their device versions
+_DEVICE_ENTRIES = {"_mlir_memref_to_llvm_alloc": "disc_ral_gpu_alloc", "_mlir_memref_to_llvm_free": "disc_ral_gpu_free",
+                   "disc_ral_gemm_f32": "disc_ral_gpu_gemm_f32", "disc_ral_gemm_f64": "disc_ral_gpu_gemm_f64"}
+_HOST_ONLY = ("_mlir_memref_to_llvm_aligned_alloc", "disc_ral_conv_f32", "disc_ral_conv_f64", "memrefCopy")
+
+
+def device_memory(module: ir.Module, constants: dict[str, int], host_only: tuple[str, ...]) -> None:
+    """After the lowering to LLVM: the host code allocates device memory and calls the device
+    versions of library entries, and its address of a constant global becomes the address of the
+    constant's device copy."""
+    renamed = set()
+    for op in _device_side(module, host_only):
+        name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value if op.name == "llvm.call" and "callee" in op.attributes else ""
+        if name in _DEVICE_ENTRIES:
+            op.attributes["callee"] = ir.FlatSymbolRefAttr.get(_DEVICE_ENTRIES[name])
+            renamed.add(name)
+        elif name in _HOST_ONLY:
+            what = "convolution" if "conv" in name else "copy of a strided view" if name == "memrefCopy" else "over-aligned allocation"
+            raise UnsupportedOpError(f"no GPU version yet of the host code's {what} ({name}): {describe(op)}")
+    for op in list(module.body.operations):  # the device entries are declared as the host ones are
+        if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value in renamed:
+            clone = op.operation.clone(ip=ir.InsertionPoint(op))
+            clone.attributes["sym_name"] = ir.StringAttr.get(_DEVICE_ENTRIES[ir.StringAttr(op.attributes["sym_name"]).value])
+    ptr, i64 = ir.Type.parse("!llvm.ptr"), ir.IntegerType.get_signless(64)
+    uses = [op for op in walk(module.operation) if op.name == "llvm.mlir.addressof"
+            and ir.FlatSymbolRefAttr(op.attributes["global_name"]).value in constants]
+    for op in uses:
+        with ir.InsertionPoint(op), op.location:
+            host = op.clone()
+            size = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(
+                i64, constants[ir.FlatSymbolRefAttr(op.attributes["global_name"]).value]))
+            call = ir.Operation.create("llvm.call", results=[ptr], operands=[host.result, size],
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_gpu_constant"),
+                                                   "operandSegmentSizes": ir.DenseI32ArrayAttr.get([2, 0]),
+                                                   "op_bundle_sizes": ir.DenseI32ArrayAttr.get([])})
+        op.result.replace_all_uses_with(call.result)
+        op.erase()
+    if uses:
+        with ir.Location.unknown():
+            ir.InsertionPoint.at_block_begin(module.body).insert(ir.Operation.parse("llvm.func @disc_ral_gpu_constant(!llvm.ptr, i64) -> !llvm.ptr"))
+
+
+# the device module to LLVM: NVVM (CUDA) or ROCDL (ROCm; `erf` and `pow` expanded, as no device
+# library here provides them)
+_TO_DEVICE = {
+    "cuda": "convert-gpu-to-nvvm{index-bitwidth=64}",
+    "rocm": "math-expand-ops, convert-gpu-to-rocdl{chipset=%s index-bitwidth=64}",
+}
+
+
+def device_llvm_ir(device: DeviceCode, target) -> str:
+    """The LLVM IR of the device module's kernels (for `targets/cuda.py` or `targets/rocm.py`)."""
+    to_device = _TO_DEVICE[target.kind].replace("%s", target.cpu)
+    run_pipeline(device.module, f"builtin.module(gpu.module(inline, convert-scf-to-cf, expand-strided-metadata, lower-affine, arith-expand, "
+                                f"memref-expand, convert-complex-to-standard, {to_device}), reconcile-unrealized-casts)",
+                 "lowering the kernels to LLVM")
+    gpu_module = device.module.body.operations[0]
+    body = "\n".join(op.get_asm(enable_debug_info=False, assume_verified=True) for op in gpu_module.regions[0].blocks[0].operations)
+    flat = ir.Module.parse("module {\n" + body + "\n}")
+    verify(flat, "translation of the kernels to LLVM IR")
+    return str(llvm_dialect.translate_module_to_llvmir(flat.operation))

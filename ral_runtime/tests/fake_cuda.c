@@ -1,0 +1,444 @@
+/* A stand-in for CUDA's driver and cuBLAS on host memory, for testing the RAL's GPU device where
+ * there is no GPU (the C tests, and Python's through ral_runtime_enable_gpu(rt, path, path, 0)).
+ * Device memory is host memory, copies are memcpy and a stream runs nothing; a module is its
+ * image, which must stay alive: a cubin is ELF's magic followed by text, PTX is text, and either
+ * holds a kernel when the kernel's name occurs in its text. Launches are recorded, not run:
+ * kernel, grid, block, stream, and the first 16 parameters as 8-byte words (kernelParams ends
+ * with NULL, as the RAL passes it). GEMMs are computed. Device 0 only; the calls on memory,
+ * modules, streams and cuBLAS handles fail with CUDA_ERROR_INVALID_CONTEXT unless the device's
+ * primary context is retained and current on the calling thread.
+ *
+ * Standalone: cc -shared -fPIC -o libfake_cuda.so fake_cuda.c -lpthread */
+#define _GNU_SOURCE /* memmem */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct fake_context *CUcontext;
+typedef struct fake_module *CUmodule;
+typedef struct fake_function *CUfunction;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+typedef struct fake_blas *cublasHandle_t;
+typedef int cublasStatus_t;
+
+enum {
+  SUCCESS = 0,
+  INVALID_VALUE = 1,
+  OUT_OF_MEMORY = 2,
+  INVALID_DEVICE = 101,
+  INVALID_IMAGE = 200,
+  INVALID_CONTEXT = 201,
+  NO_BINARY_FOR_GPU = 209,
+  NOT_FOUND = 500,
+  BLAS_INVALID_VALUE = 7,
+};
+
+static const struct {
+  CUresult code;
+  const char *name, *text;
+} errors[] = {
+    {SUCCESS, "CUDA_SUCCESS", "no error"},
+    {INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
+    {NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+};
+
+struct fake_context {
+  int refs;
+};
+struct fake_module {
+  const char *text;
+  size_t size; /* bytes of text searched for kernel names */
+  struct fake_function *functions;
+};
+struct fake_function {
+  char name[64];
+  struct fake_function *next; /* of the module */
+};
+struct fake_blas {
+  CUstream stream;
+  int math_mode;
+};
+
+typedef struct {
+  char name[64];
+  int64_t grid[3], block[3], params[16];
+  int num_params;
+  CUstream stream;
+} launch_record;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_context primary;
+static _Thread_local CUcontext current;
+static launch_record *launches;
+static int num_launches, cap_launches, failing_allocs, failing_cubins;
+
+/* Counters (fake_cuda_count): events since fake_cuda_reset, and state (live, modules, handles,
+ * primary_refs, blas_stream), which reset keeps. */
+static struct {
+  int64_t allocs, frees, cubin_loads, ptx_loads, unloads, h2d, d2h, d2d, memsets, syncs, gemms;
+  int64_t live, modules, handles, blas_stream;
+} counts;
+
+#define COUNTER(name) {#name, &counts.name}
+static const struct {
+  const char *name;
+  int64_t *value;
+} counters[] = {COUNTER(allocs), COUNTER(frees), COUNTER(cubin_loads), COUNTER(ptx_loads), COUNTER(unloads),
+                COUNTER(h2d), COUNTER(d2h), COUNTER(d2d), COUNTER(memsets), COUNTER(syncs), COUNTER(gemms),
+                COUNTER(live), COUNTER(modules), COUNTER(handles), COUNTER(blas_stream)};
+
+/* ---- test interface ---- */
+
+int fake_cuda_launch_count(void) {
+  pthread_mutex_lock(&lock);
+  int n = num_launches;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* Launch i (in order): its kernel's name (NUL-terminated in name_len bytes), grid, block and
+ * parameter words; returns how many parameters it had (at most 16 recorded), -1 for no launch i. */
+int fake_cuda_launch(int i, char *name, int name_len, int64_t grid[3], int64_t block[3], int64_t params[16]) {
+  pthread_mutex_lock(&lock);
+  int n = -1;
+  if (i >= 0 && i < num_launches) {
+    launch_record *l = &launches[i];
+    if (name && name_len > 0) {
+      strncpy(name, l->name, (size_t)name_len - 1);
+      name[name_len - 1] = 0;
+    }
+    memcpy(grid, l->grid, sizeof l->grid);
+    memcpy(block, l->block, sizeof l->block);
+    memcpy(params, l->params, sizeof l->params);
+    n = l->num_params;
+  }
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+/* The stream launch i went on. */
+void *fake_cuda_launch_stream(int i) {
+  pthread_mutex_lock(&lock);
+  void *s = i >= 0 && i < num_launches ? launches[i].stream : NULL;
+  pthread_mutex_unlock(&lock);
+  return s;
+}
+
+/* A counter by name: allocs, frees, cubin_loads, ptx_loads, unloads, h2d, d2h, d2d (copies),
+ * memsets, syncs (stream waits), gemms (cuBLAS calls); live (device allocations not freed),
+ * modules (loaded), handles (cuBLAS), blas_stream (the last stream set on a cuBLAS handle), and
+ * primary_refs (retains of the primary context not released). -1 for another name. */
+int64_t fake_cuda_count(const char *name) {
+  int64_t v = -1;
+  pthread_mutex_lock(&lock);
+  for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+    if (strcmp(counters[i].name, name) == 0) v = *counters[i].value;
+  if (strcmp(name, "primary_refs") == 0) v = primary.refs;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+/* Forgets the launches, the pending failures and the event counters. */
+void fake_cuda_reset(void) {
+  pthread_mutex_lock(&lock);
+  num_launches = failing_allocs = failing_cubins = 0;
+  int64_t live = counts.live, modules = counts.modules, handles = counts.handles, stream = counts.blas_stream;
+  memset(&counts, 0, sizeof counts);
+  counts.live = live, counts.modules = modules, counts.handles = handles, counts.blas_stream = stream;
+  pthread_mutex_unlock(&lock);
+}
+
+/* The next cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY (each call: one more). */
+void fake_cuda_fail_next_alloc(void) {
+  pthread_mutex_lock(&lock);
+  failing_allocs++;
+  pthread_mutex_unlock(&lock);
+}
+
+/* The next cuModuleLoadData of a cubin fails with CUDA_ERROR_NO_BINARY_FOR_GPU (each call: one more). */
+void fake_cuda_fail_next_cubin(void) {
+  pthread_mutex_lock(&lock);
+  failing_cubins++;
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- driver ---- */
+
+static int bound(void) { /* with the lock held */
+  return current == &primary && primary.refs > 0;
+}
+
+#define NEED_CONTEXT(...)                                                      \
+  pthread_mutex_lock(&lock);                                                   \
+  if (!bound()) {                                                              \
+    pthread_mutex_unlock(&lock);                                               \
+    return INVALID_CONTEXT;                                                    \
+  }                                                                            \
+  __VA_ARGS__;                                                                 \
+  pthread_mutex_unlock(&lock)
+
+CUresult cuGetErrorName(CUresult error, const char **name) {
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == error) return *name = errors[i].name, SUCCESS;
+  *name = NULL;
+  return INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **text) {
+  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+    if (errors[i].code == error) return *text = errors[i].text, SUCCESS;
+  *text = NULL;
+  return INVALID_VALUE;
+}
+
+CUresult cuInit(unsigned flags) { return flags == 0 ? SUCCESS : INVALID_VALUE; }
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+  if (ordinal != 0) return INVALID_DEVICE;
+  *device = 0;
+  return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+  if (device != 0) return INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  primary.refs++;
+  pthread_mutex_unlock(&lock);
+  *context = &primary;
+  return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+  if (device != 0) return INVALID_DEVICE;
+  pthread_mutex_lock(&lock);
+  CUresult r = primary.refs > 0 ? (primary.refs--, SUCCESS) : INVALID_CONTEXT;
+  pthread_mutex_unlock(&lock);
+  return r;
+}
+
+CUresult cuCtxSetCurrent(CUcontext context) {
+  current = context;
+  return SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *context) {
+  *context = current;
+  return SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes) {
+  if (bytes == 0) return INVALID_VALUE;
+  int fails = 0;
+  NEED_CONTEXT(if ((fails = failing_allocs > 0)) failing_allocs--);
+  if (fails) return OUT_OF_MEMORY;
+  void *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!p) return OUT_OF_MEMORY;
+  *ptr = (CUdeviceptr)(uintptr_t)p;
+  pthread_mutex_lock(&lock);
+  counts.allocs++, counts.live++;
+  pthread_mutex_unlock(&lock);
+  return SUCCESS;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+  NEED_CONTEXT(counts.frees++, counts.live--);
+  free((void *)(uintptr_t)ptr);
+  return SUCCESS;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+  (void)stream;
+  NEED_CONTEXT(counts.h2d++);
+  memcpy((void *)(uintptr_t)dst, src, bytes);
+  return SUCCESS;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  (void)stream;
+  NEED_CONTEXT(counts.d2h++);
+  memcpy(dst, (const void *)(uintptr_t)src, bytes);
+  return SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  (void)stream;
+  NEED_CONTEXT(counts.d2d++);
+  memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+  return SUCCESS;
+}
+
+CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width, size_t height,
+                           CUstream stream) {
+  (void)stream;
+  if (height > 1 && pitch < width) return INVALID_VALUE;
+  NEED_CONTEXT(counts.memsets++);
+  for (size_t row = 0; row < height; row++) memset((char *)(uintptr_t)dst + row * pitch, value, width);
+  return SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream stream) {
+  (void)stream;
+  NEED_CONTEXT(counts.syncs++);
+  return SUCCESS;
+}
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+  const char *text = image;
+  int cubin = strncmp(text, "\x7f" "ELF", 4) == 0, refused = 0;
+  NEED_CONTEXT(if ((refused = cubin && failing_cubins > 0)) failing_cubins--);
+  if (refused) return NO_BINARY_FOR_GPU;
+  CUmodule m = calloc(1, sizeof *m);
+  if (!m) return OUT_OF_MEMORY;
+  m->text = cubin ? text + 4 : text;
+  m->size = strlen(m->text);
+  if (cubin && (unsigned char)text[4] == 2) { /* a real ELF64 cubin: names among its bytes, up to the section headers' end */
+    uint64_t shoff;
+    uint16_t shentsize, shnum;
+    memcpy(&shoff, text + 0x28, 8);
+    memcpy(&shentsize, text + 0x3A, 2);
+    memcpy(&shnum, text + 0x3C, 2);
+    m->size = shoff + (uint64_t)shentsize * shnum - 4;
+  }
+  pthread_mutex_lock(&lock);
+  if (cubin)
+    counts.cubin_loads++;
+  else
+    counts.ptx_loads++;
+  counts.modules++;
+  pthread_mutex_unlock(&lock);
+  *module = m;
+  return SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+  NEED_CONTEXT(counts.unloads++, counts.modules--);
+  for (struct fake_function *f = module->functions, *next; f; f = next) {
+    next = f->next;
+    free(f);
+  }
+  free(module);
+  return SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+  NEED_CONTEXT();
+  if (!memmem(module->text, module->size, name, strlen(name)) || strlen(name) >= sizeof((struct fake_function *)0)->name)
+    return NOT_FOUND;
+  struct fake_function *f = calloc(1, sizeof *f);
+  if (!f) return OUT_OF_MEMORY;
+  strcpy(f->name, name);
+  pthread_mutex_lock(&lock);
+  f->next = module->functions;
+  module->functions = f;
+  pthread_mutex_unlock(&lock);
+  *function = f;
+  return SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                        unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void **params,
+                        void **extra) {
+  (void)shared_bytes;
+  if (!f || extra || !grid_x || !grid_y || !grid_z || !block_x || !block_y || !block_z ||
+      (uint64_t)block_x * block_y * block_z > 1024)
+    return INVALID_VALUE;
+  launch_record l = {.grid = {grid_x, grid_y, grid_z}, .block = {block_x, block_y, block_z}, .stream = stream};
+  strcpy(l.name, f->name);
+  while (params && params[l.num_params]) {
+    if (l.num_params < 16) memcpy(&l.params[l.num_params], params[l.num_params], 8);
+    l.num_params++;
+  }
+  pthread_mutex_lock(&lock);
+  if (!bound()) {
+    pthread_mutex_unlock(&lock);
+    return INVALID_CONTEXT;
+  }
+  if (num_launches == cap_launches) {
+    int cap = cap_launches ? 2 * cap_launches : 64;
+    launch_record *grown = realloc(launches, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&lock);
+      return OUT_OF_MEMORY;
+    }
+    launches = grown;
+    cap_launches = cap;
+  }
+  launches[num_launches++] = l;
+  pthread_mutex_unlock(&lock);
+  return SUCCESS;
+}
+
+/* ---- cuBLAS ---- */
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
+  NEED_CONTEXT(counts.handles++);
+  *handle = calloc(1, sizeof **handle);
+  return *handle ? SUCCESS : 3 /* CUBLAS_STATUS_ALLOC_FAILED */;
+}
+
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  NEED_CONTEXT(counts.handles--);
+  free(handle);
+  return SUCCESS;
+}
+
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, CUstream stream) {
+  handle->stream = stream;
+  pthread_mutex_lock(&lock);
+  counts.blas_stream = (int64_t)(intptr_t)stream;
+  pthread_mutex_unlock(&lock);
+  return SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
+  handle->math_mode = mode;
+  return SUCCESS;
+}
+
+/* Column-major C = alpha op(A) op(B) + beta C per batch entry, with cuBLAS's argument checks. */
+#define FAKE_GEMM(NAME, T)                                                                                      \
+  cublasStatus_t NAME(cublasHandle_t handle, int ta, int tb, int m, int n, int k, const T *alpha, const T *a, int lda, \
+                      long long sa, const T *b, int ldb, long long sb, const T *beta, T *c, int ldc, long long sc,     \
+                      int count) {                                                                              \
+    int a_rows = ta ? k : m, b_rows = tb ? n : k;                                                               \
+    if (!handle || (ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || count < 0 ||      \
+        lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))            \
+      return BLAS_INVALID_VALUE;                                                                                \
+    NEED_CONTEXT(counts.gemms++);                                                                               \
+    for (long long e = 0; e < count; e++)                                                                       \
+      for (int j = 0; j < n; j++)                                                                               \
+        for (int i = 0; i < m; i++) {                                                                           \
+          T sum = 0, *out = &c[e * sc + i + (long long)j * ldc];                                                \
+          for (int l = 0; l < k; l++)                                                                           \
+            sum += a[e * sa + (ta ? l + (long long)i * lda : i + (long long)l * lda)] *                         \
+                   b[e * sb + (tb ? j + (long long)l * ldb : l + (long long)j * ldb)];                         \
+          *out = *alpha * sum + (*beta == 0 ? 0 : *beta * *out);                                                \
+        }                                                                                                       \
+    return SUCCESS;                                                                                             \
+  }
+
+FAKE_GEMM(cublasSgemmStridedBatched, float)
+FAKE_GEMM(cublasDgemmStridedBatched, double)
+
+/* The same on arrays of the entries' addresses (in fake device memory: host memory). */
+#define FAKE_GEMM_BATCHED(NAME, STRIDED, T)                                                                      \
+  cublasStatus_t NAME(cublasHandle_t handle, int ta, int tb, int m, int n, int k, const T *alpha, const T *const a[], \
+                      int lda, const T *const b[], int ldb, const T *beta, T *const c[], int ldc, int count) {     \
+    for (int e = 0; e < count; e++) {                                                                            \
+      cublasStatus_t s = STRIDED(handle, ta, tb, m, n, k, alpha, a[e], lda, 0, b[e], ldb, 0, beta, c[e], ldc, 0, 1); \
+      if (s != SUCCESS) return s;                                                                                \
+    }                                                                                                            \
+    return SUCCESS;                                                                                              \
+  }
+
+FAKE_GEMM_BATCHED(cublasSgemmBatched, cublasSgemmStridedBatched, float)
+FAKE_GEMM_BATCHED(cublasDgemmBatched, cublasDgemmStridedBatched, double)

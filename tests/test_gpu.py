@@ -1,0 +1,159 @@
+"""The CUDA target without a GPU: every JAX test program compiles for sm_80 and sm_90 (ptxas
+accepts the PTX), and the generated host code runs against a fake CUDA driver and cuBLAS
+(ral_runtime/tests/fake_cuda.c: memory is host memory, launches are recorded, not run, GEMMs
+are computed) so the grids, the kernel parameters and the library calls are checked at several
+shapes. With a GPU (`gpu` marker), programs run on it and match jax.jit."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import concrete, random_array, specs_for
+from test_jax_programs import CASES
+
+import disc_stablehlo as disc
+from disc_stablehlo import artifact
+from disc_stablehlo.passes.gpu import BLOCK, REDUCTION_BLOCK
+from disc_stablehlo.runtime import CompiledFunction, Executable, Runtime
+from disc_stablehlo.targets import cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_ptxas = pytest.mark.skipif(cuda.ptxas_path() is None, reason="ptxas (CUDA toolkit) not installed")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_jax_program_compiles_for_cuda(arch):
+    """One compilation per program and GPU; ptxas checks each module (a rejected PTX is a CompileError)."""
+    for name, fn, args, dims, _, _ in CASES:
+        f = disc.compile(fn, *specs_for(args, dims), target=f"cuda:{arch}")
+        header = f._exe.artifact.header
+        assert header["target"]["chip"] == arch and header["info"]["device_code"]["cubin_bytes"] > 0, name
+        assert all(k.name.startswith("__disc_gpu_") for k in f.kernels), name
+
+
+@pytest.fixture(scope="module")
+def fake_cuda(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("fake") / "libfake_cuda.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(path), str(ROOT / "ral_runtime" / "tests" / "fake_cuda.c"),
+                    "-lpthread"], check=True)
+    return str(path)
+
+
+def _on_fake_gpu(f: CompiledFunction, fake: str, monkeypatch, tmp_path) -> CompiledFunction:
+    """`f`'s artifact loaded on a runtime of its own whose GPU is the fake driver."""
+    monkeypatch.setenv("DISC_CUDA_DRIVER", fake)
+    monkeypatch.setenv("DISC_CUBLAS", fake)
+    f.save(tmp_path / "f.disc")
+    return CompiledFunction(Executable(artifact.read(str(tmp_path / "f.disc")), Runtime(1)), compile_count=0)
+
+
+class Launches:
+    def __init__(self, path: str):
+        self.lib = ctypes.CDLL(path)
+        self.lib.fake_cuda_count.restype = ctypes.c_int64
+        self.lib.fake_cuda_count.argtypes = [ctypes.c_char_p]
+
+    def reset(self) -> None:
+        self.lib.fake_cuda_reset()
+
+    def count(self, what: str) -> int:
+        return self.lib.fake_cuda_count(what.encode())
+
+    def __iter__(self):
+        name, grid, block, params = ctypes.create_string_buffer(64), (ctypes.c_int64 * 3)(), (ctypes.c_int64 * 3)(), (ctypes.c_int64 * 16)()
+        for i in range(self.lib.fake_cuda_launch_count()):
+            n = self.lib.fake_cuda_launch(i, name, 64, grid, block, params)
+            yield name.value.decode(), list(grid), list(block), list(params)[:n]
+
+
+def test_host_code_launches_grids_computed_from_the_run_time_dims(fake_cuda, monkeypatch, tmp_path):
+    """A GEMM (through cuBLAS) and elementwise and reduction kernels after it, at three batch
+    sizes: one launch per kernel, one thread per iteration of the loop's dims in blocks of
+    BLOCK (a block per row for the row sum), and the kernel parameters carry the run-time dims."""
+    b = jax.export.symbolic_shape("b")[0]
+
+    def fn(x, w):
+        return jnp.tanh(x @ w) * 2 + x.sum(-1, keepdims=True)
+
+    f = _on_fake_gpu(disc.compile(fn, jax.ShapeDtypeStruct((b, 64), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                                  target="cuda"), fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    kinds = {k.name: k.kind for k in f.kernels}
+    versions = {k.name: k.version for k in f.kernels}
+    assert "block per row" in versions.values()
+    for n in (1, 5, 1000):
+        launches.reset()
+        f(np.ones((n, 64), np.float32), np.ones((64, 32), np.float32))
+        seen = list(launches)
+        assert [kinds[name] for name, *_ in seen] == [k.kind for k in f.kernels]
+        assert launches.count("gemms") == 1
+        for name, grid, block, params in seen:
+            if versions[name] == "block per row":  # the row sum: a block of threads per row
+                assert block == [REDUCTION_BLOCK, 1, 1] and grid == [n, 1, 1], (name, n)
+            else:
+                threads = n * 32 if kinds[name] == "elementwise" else n  # the result's elements, or one per row
+                assert block == [BLOCK, 1, 1] and grid == [-(-threads // BLOCK), 1, 1], (name, n)
+            assert n in params, (name, n, params)  # the loop bound, a dim of a buffer
+
+
+def test_gemms_run_through_cublas_on_device_buffers(fake_cuda, monkeypatch, tmp_path):
+    """The fake cuBLAS computes on its (host) memory: the strided and batched layouts the
+    compiler passes come out right, and results come back through device-to-host copies."""
+    s = jax.export.symbolic_shape("s")[0]
+
+    def fn(q, k):  # [2, s, 3, 8] x [2, s, 3, 8] -> heads in the middle: strided batch views
+        return jnp.einsum("bqhd,bkhd->bhqk", q, k)
+
+    f = _on_fake_gpu(disc.compile(fn, *[jax.ShapeDtypeStruct((2, s, 3, 8), jnp.float32)] * 2, target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    rng = np.random.default_rng(0)
+    for n in (1, 7):
+        q, k = (rng.standard_normal((2, n, 3, 8)).astype(np.float32) for _ in range(2))
+        np.testing.assert_allclose(f(q, k), np.einsum("bqhd,bkhd->bhqk", q, k), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_device_allocation_ends_the_call_and_the_next_call_works(fake_cuda, monkeypatch, tmp_path):
+    b = jax.export.symbolic_shape("b")[0]
+    f = _on_fake_gpu(disc.compile(lambda x, w: x @ w, jax.ShapeDtypeStruct((b, 4), jnp.float32), jax.ShapeDtypeStruct((4, 4), jnp.float32),
+                                  target="cuda"), fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    x, w = np.arange(12, dtype=np.float32).reshape(3, 4), np.eye(4, dtype=np.float32)[::-1].copy()
+    np.testing.assert_array_equal(f(x, w), x[:, ::-1])  # the GPU attached
+    exe = f._exe
+    big, dw = exe.runtime.to_device(np.ones((5000, 4), np.float32)), exe.runtime.to_device(w)  # arguments in device memory
+    launches.reset()
+    for _ in range(2):  # the RAL retries once after emptying its cache
+        launches.lib.fake_cuda_fail_next_alloc()
+    with pytest.raises(disc.RuntimeFailure, match="out of memory allocating 80000 bytes on the GPU"):
+        exe.run([big, dw])  # the result is larger than any cached block: the driver is asked
+    assert launches.count("gemms") == 0  # nothing ran after the failed allocation
+    np.testing.assert_array_equal(f(x, w), x[:, ::-1])
+
+
+def _cuda_gpu() -> bool:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int()
+        return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    except OSError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_gpu(), reason="no CUDA GPU on this machine (benchmarks/gpu/ has the runs on one)")
+def test_programs_on_the_gpu_match_jax():
+    for name, fn, args, dims, envs, tol in CASES:
+        f = disc.compile(fn, *specs_for(args, dims), target="cuda")
+        rng = np.random.default_rng(0)
+        for env in envs:
+            inputs = [random_array(concrete(shape, env), dtype, rng) for shape, dtype in args]
+            for g, w in zip(jax.tree_util.tree_leaves(f(*inputs)), jax.tree_util.tree_leaves(jax.jit(fn)(*inputs))):
+                np.testing.assert_allclose(np.asarray(g, dtype=np.asarray(w).dtype), np.asarray(w), rtol=tol, atol=tol,
+                                           err_msg=f"{name} at {env}")
