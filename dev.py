@@ -58,6 +58,7 @@ def c_tests() -> None:
         run(build / "test_ral")  # no BLAS: GEMM reports UNAVAILABLE instead of crashing
         run(build / "test_artifact")  # SHA-256, the header's JSON reader, loading and calling artifacts
         run(build / "test_gpu")  # the GPU device through fake_cuda (CUDA's driver and cuBLAS on host memory)
+        run(build / "test_gpu_hip")  # the same through fake_hip (ROCm's HIP runtime and hipBLAS on host memory)
 
 
 def main() -> int:

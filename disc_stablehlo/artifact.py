@@ -301,8 +301,8 @@ def read(path: str, verify: bool = True) -> Artifact:
 
 
 def _check_target(target: dict, bad: Any) -> None:
-    if target.get("name", "").partition(":")[0] not in ("x86", "cuda"):
-        raise bad(f"compiled for target '{target.get('name')}', this runtime runs x86 code and CUDA kernels")
+    if target.get("name", "").partition(":")[0] not in ("x86", "cuda", "rocm"):
+        raise bad(f"compiled for target '{target.get('name')}', this runtime runs x86 code and CUDA or ROCm kernels")
     if platform.machine() not in ("x86_64", "AMD64"):
         raise bad(f"compiled for {target.get('triple')}, this machine is {platform.machine()}")
     missing = sorted(set(target.get("cpu_flags", ())) - host_cpu_flags())

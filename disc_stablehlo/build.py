@@ -13,10 +13,9 @@ from typing import Any, Sequence
 
 from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from . import artifact
-from .errors import CompileError
 from .passes.pipeline import compile_to_llvm
 from .runtime import RAL_LIBRARY, ral_library_dir
-from .targets import Target, cuda, host_code_target
+from .targets import Target, cuda, host_code_target, rocm
 from .targets.codegen import start_helper
 from .targets.x86 import emit_objects, link_shared_object
 
@@ -26,9 +25,6 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     """Compiles the imported module and writes its artifact to `path`, for the caller to complete
     (`artifact.write`; returns what that returns). `binding`: how the caller's flat arguments map
     to the inputs, kept for `disc.load`."""
-    if tgt.kind == "rocm":
-        raise CompileError(f"target '{tgt.name}': code generation for ROCm GPUs is not implemented yet; "
-                           "the x86 and cuda targets are")
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, tgt, imported.facts, imported.checked,
@@ -38,11 +34,15 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
         print(shapes.report(), file=sys.stderr)
     mlir_support.stage_listener("LLVM code generation")
     llvm_ir, device = lowered.llvm_ir, {}
-    if tgt.kind == "cuda":  # the kernels' PTX and cubin become data of the host object
-        llvm_ir, ptx, cubin = cuda.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, [k.name for k in lowered.kernels])
+    kernel_names = [k.name for k in lowered.kernels]
+    if tgt.kind == "cuda":  # the kernels' PTX and cubin (or HSACO) become data of the host object
+        llvm_ir, ptx, cubin = cuda.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, kernel_names)
         device = {"ptx_bytes": len(ptx), "cubin_bytes": len(cubin or b"")}
+    elif tgt.kind == "rocm":
+        llvm_ir, hsaco = rocm.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, kernel_names)
+        device = {"hsaco_bytes": len(hsaco)}
     host = host_code_target(tgt)
-    objects, libmvec = emit_objects(llvm_ir, host, [k.name for k in lowered.kernels] if tgt.kind == "cpu" else [])
+    objects, libmvec = emit_objects(llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(objects, so_path, ral_library_dir(), libmvec)

@@ -187,21 +187,27 @@ class Runtime:
             raise RuntimeFailure(f"cannot create the runtime: {ral().ral_runtime_create_error().decode()}")
         self.handle = handle
         self.lock = threading.Lock()
-        self.gpu = False
+        self.gpu = ""  # the kind of GPU attached, if any
         weakref.finalize(self, ral().ral_runtime_destroy, handle)
 
-    def enable_gpu(self) -> None:
-        """Attaches the first CUDA GPU (its primary context, shared with PyTorch and JAX) and
-        cuBLAS (`cublas_library`); once per runtime."""
+    def enable_gpu(self, kind: str) -> None:
+        """Attaches the first GPU of `kind` ("cuda": the driver and cuBLAS, `cublas_library`;
+        "rocm": the HIP runtime and hipBLAS), its primary context shared with PyTorch and JAX;
+        once per runtime. $DISC_CUDA_DRIVER / $DISC_CUBLAS and $DISC_HIP_RUNTIME / $DISC_HIPBLAS
+        name other libraries."""
         with self.lock:
-            if self.gpu:
+            if self.gpu == kind:
                 return
-            cublas = cublas_library()
-            status = ral().ral_runtime_enable_gpu(self.handle, os.environ.get("DISC_CUDA_DRIVER", "").encode() or None,
-                                                 cublas.encode() if cublas else None, 0)
+            if self.gpu:
+                raise RuntimeFailure(f"this runtime drives a {self.gpu} GPU; a {kind} artifact needs a runtime of its own")
+            if kind == "cuda":
+                driver, blas = os.environ.get("DISC_CUDA_DRIVER") or None, cublas_library()
+            else:
+                driver, blas = os.environ.get("DISC_HIP_RUNTIME", "libamdhip64.so"), os.environ.get("DISC_HIPBLAS", "libhipblas.so")
+            status = ral().ral_runtime_enable_gpu(self.handle, driver.encode() if driver else None, blas.encode() if blas else None, 0)
             if status != 0:
-                raise RuntimeFailure(f"cannot use a CUDA GPU: {ral().ral_runtime_create_error().decode()}")
-            self.gpu = True
+                raise RuntimeFailure(f"cannot use a {kind.upper()} GPU: {ral().ral_runtime_create_error().decode()}")
+            self.gpu = kind
 
     def to_device(self, a: np.ndarray) -> DeviceArray:
         """A device copy of a host array (contiguous), freed when the returned array dies."""
@@ -351,7 +357,8 @@ class Executable:
         self.artifact = art
         # a GPU artifact loads anywhere (it is compiled and saved on machines without a GPU): the GPU
         # is attached and the parameters copied to it at the first call
-        self.gpu = art.header["target"]["name"].startswith("cuda")
+        kind = art.header["target"]["name"].partition(":")[0]
+        self.gpu = kind if kind in ("cuda", "rocm") else ""
         self.lib = _load_shared_object(art.section("object"))
         self.signature = art.signature
         self.runtime = runtime
@@ -394,7 +401,7 @@ class Executable:
         """The parameters' device copies (the GPU attached first)."""
         with self._lock:
             if self._device_params is None:
-                self.runtime.enable_gpu()
+                self.runtime.enable_gpu(self.gpu)
                 self._device_params = [self.runtime.to_device(p) for p in self.params]
             return self._device_params
 

@@ -1,5 +1,5 @@
-"""The CUDA target without a GPU: every JAX test program compiles for sm_80 and sm_90 (ptxas
-accepts the PTX), and the generated host code runs against a fake CUDA driver and cuBLAS
+"""The GPU targets without a GPU: every JAX test program compiles for sm_80 and sm_90 (ptxas
+accepts the PTX) and for gfx90a and gfx942 (ld.lld links the HSACO), and the generated host code runs against a fake CUDA driver and cuBLAS
 (ral_runtime/tests/fake_cuda.c: memory is host memory, launches are recorded, not run, GEMMs
 are computed) so the grids, the kernel parameters and the library calls are checked at several
 shapes. With a GPU (`gpu` marker), programs run on it and match jax.jit."""
@@ -19,7 +19,7 @@ from test_jax_programs import CASES
 
 import disc_stablehlo as disc
 from disc_stablehlo import artifact
-from disc_stablehlo.passes.gpu import BLOCK, REDUCTION_BLOCK
+from disc_stablehlo.passes.gpu import BLOCK, CHUNK, REDUCTION_BLOCK
 from disc_stablehlo.runtime import CompiledFunction, Executable, Runtime
 from disc_stablehlo.targets import cuda
 
@@ -38,18 +38,38 @@ def test_every_jax_program_compiles_for_cuda(arch):
         assert all(k.name.startswith("__disc_gpu_") for k in f.kernels), name
 
 
-@pytest.fixture(scope="module")
-def fake_cuda(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("fake") / "libfake_cuda.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(path), str(ROOT / "ral_runtime" / "tests" / "fake_cuda.c"),
-                    "-lpthread"], check=True)
+@pytest.mark.parametrize("chip", ["gfx90a", "gfx942"])
+def test_every_jax_program_compiles_for_rocm(chip):
+    """ROCm code objects: llvmlite's AMDGPU back end, linked by ld.lld into an HSACO with no
+    undefined symbol (the device-library functions the kernels call are the compiler's own)."""
+    for name, fn, args, dims, _, _ in CASES:
+        f = disc.compile(fn, *specs_for(args, dims), target=f"rocm:{chip}")
+        header = f._exe.artifact.header
+        assert header["target"]["chip"] == chip and header["info"]["device_code"]["hsaco_bytes"] > 0, name
+
+
+def _fake(folder: Path, api: str) -> str:
+    path = folder / f"libfake_{api}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", *(["-DFAKE_HIP"] if api == "hip" else []), "-o", str(path),
+                    str(ROOT / "ral_runtime" / "tests" / "fake_cuda.c"), "-lpthread"], check=True)
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def fake_cuda(tmp_path_factory) -> str:
+    return _fake(tmp_path_factory.mktemp("fake"), "cuda")
+
+
+@pytest.fixture(scope="module")
+def fake_hip(tmp_path_factory) -> str:
+    return _fake(tmp_path_factory.mktemp("fake"), "hip")
+
+
 def _on_fake_gpu(f: CompiledFunction, fake: str, monkeypatch, tmp_path) -> CompiledFunction:
-    """`f`'s artifact loaded on a runtime of its own whose GPU is the fake driver."""
-    monkeypatch.setenv("DISC_CUDA_DRIVER", fake)
-    monkeypatch.setenv("DISC_CUBLAS", fake)
+    """`f`'s artifact loaded on a runtime of its own whose GPU is the fake driver (CUDA's or HIP's,
+    as the artifact's target is)."""
+    for var in ("DISC_CUDA_DRIVER", "DISC_CUBLAS", "DISC_HIP_RUNTIME", "DISC_HIPBLAS"):
+        monkeypatch.setenv(var, fake)
     f.save(tmp_path / "f.disc")
     return CompiledFunction(Executable(artifact.read(str(tmp_path / "f.disc")), Runtime(1)), compile_count=0)
 
@@ -73,18 +93,21 @@ class Launches:
             yield name.value.decode(), list(grid), list(block), list(params)[:n]
 
 
-def test_host_code_launches_grids_computed_from_the_run_time_dims(fake_cuda, monkeypatch, tmp_path):
+@pytest.mark.parametrize("target", ["cuda", "rocm:gfx942"])
+def test_host_code_launches_grids_computed_from_the_run_time_dims(target, fake_cuda, fake_hip, monkeypatch, tmp_path):
     """A GEMM (through cuBLAS) and elementwise and reduction kernels after it, at three batch
-    sizes: one launch per kernel, one thread per iteration of the loop's dims in blocks of
-    BLOCK (a block per row for the row sum), and the kernel parameters carry the run-time dims."""
+    sizes: one launch per kernel, one thread per CHUNK iterations of the loop's innermost dim (in
+    blocks of BLOCK; a block per row for the row sum), and the kernel parameters carry the
+    run-time dims."""
     b = jax.export.symbolic_shape("b")[0]
 
     def fn(x, w):
         return jnp.tanh(x @ w) * 2 + x.sum(-1, keepdims=True)
 
+    fake = fake_cuda if target == "cuda" else fake_hip
     f = _on_fake_gpu(disc.compile(fn, jax.ShapeDtypeStruct((b, 64), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32),
-                                  target="cuda"), fake_cuda, monkeypatch, tmp_path)
-    launches = Launches(fake_cuda)
+                                  target=target), fake, monkeypatch, tmp_path)
+    launches = Launches(fake)
     kinds = {k.name: k.kind for k in f.kernels}
     versions = {k.name: k.version for k in f.kernels}
     assert "block per row" in versions.values()
@@ -97,8 +120,8 @@ def test_host_code_launches_grids_computed_from_the_run_time_dims(fake_cuda, mon
         for name, grid, block, params in seen:
             if versions[name] == "block per row":  # the row sum: a block of threads per row
                 assert block == [REDUCTION_BLOCK, 1, 1] and grid == [n, 1, 1], (name, n)
-            else:
-                threads = n * 32 if kinds[name] == "elementwise" else n  # the result's elements, or one per row
+            else:  # a thread per CHUNK elements of the innermost dim: of the result, or of the rows
+                threads = n * -(-32 // CHUNK) if kinds[name] == "elementwise" else -(-n // CHUNK)
                 assert block == [BLOCK, 1, 1] and grid == [-(-threads // BLOCK), 1, 1], (name, n)
             assert n in params, (name, n, params)  # the loop bound, a dim of a buffer
 

@@ -1,6 +1,5 @@
-"""Targets as data: what a target name resolves to, the vector width the loops are specialised
-for coming from the target, and ROCm targets rejected with a clear error (their lowering does not
-exist yet) instead of anything running. The CUDA target: tests/test_gpu.py."""
+"""Targets as data: what a target name resolves to, and the vector width the loops are
+specialised for coming from the target. The GPU targets: tests/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -32,14 +31,6 @@ def test_target_names_resolve_to_their_description():
                           ("cuda:SM 90", "unknown target")]:
         with pytest.raises(CompileError, match=message):
             targets.get_target(name)
-
-
-@pytest.mark.parametrize("name", ["rocm:gfx90a", "rocm:gfx942"])
-def test_rocm_targets_are_rejected_before_any_lowering(name):
-    with pytest.raises(CompileError, match=f"target '{name}': code generation for ROCm GPUs is not implemented"):
-        disc.compile(lambda x: x * 2.0, *specs_for([(("b",), np.float32)], "b"), target=name)
-    f = disc.compile(lambda x: x * 2.0, *specs_for([(("b",), np.float32)], "b"))  # the process goes on
-    np.testing.assert_array_equal(f(np.ones(3, np.float32)), np.full(3, 2.0, np.float32))
 
 
 def test_vector_tails_follow_the_targets_vector_width(monkeypatch):

@@ -50,7 +50,12 @@ def main() -> int:
         for k, env in enumerate(envs):
             inputs = [random_array(concrete(shape, env), dtype, rng) for shape, dtype in args]
             want = [np.asarray(w) for w in jax.tree_util.tree_leaves(jax.jit(fn)(*inputs))]
-            np.savez(out / f"{name}.{k}.npz", **{f"in{i}": x for i, x in enumerate(inputs)}, **{f"out{i}": w for i, w in enumerate(want)})
+            # .npz keeps no ml_dtypes type (bfloat16 would come back as raw bytes): stored as the
+            # float32 it widens to exactly, with the dtype's name for the comparison
+            dtypes = [w.dtype.name for w in want]
+            want = [w.astype(np.float32) if w.dtype.type.__module__.startswith("ml_dtypes") else w for w in want]
+            np.savez(out / f"{name}.{k}.npz", **{f"in{i}": x for i, x in enumerate(inputs)}, **{f"out{i}": w for i, w in enumerate(want)},
+                     dtypes=np.array(dtypes))
         index.append({"name": name, "shapes": len(envs), "tol": tol, "envs": envs})
         print(f"{name}: compiled in {time.perf_counter() - start:.2f} s", flush=True)
     (out / "index.json").write_text(json.dumps(index, indent=1))

@@ -37,6 +37,7 @@ def main() -> int:
                 with np.load(folder / f"{name}.{k}.npz") as data:
                     inputs = [data[f"in{i}"] for i in range(sum(1 for n in data.files if n.startswith("in")))]
                     want = [data[f"out{i}"] for i in range(sum(1 for n in data.files if n.startswith("out")))]
+                    dtypes = [str(d) for d in data["dtypes"]]
                 for mode in ("numpy", "cuda"):
                     if mode == "numpy":
                         got = f(*inputs)
@@ -44,8 +45,12 @@ def main() -> int:
                         got = f(*[torch.from_numpy(np.array(x)).cuda() for x in inputs])  # np.array keeps rank 0
                         torch.cuda.synchronize()
                     got = [got] if not isinstance(got, (tuple, list)) else list(got)
-                    for g, w in zip(got, want):
-                        g = g.cpu().numpy() if mode == "cuda" else np.asarray(g)
+                    for g, w, dtype in zip(got, want, dtypes):
+                        if mode == "cuda":  # numpy has no bfloat16 of torch's: compared as float32
+                            g = (g.float() if dtype == "bfloat16" else g).cpu().numpy()
+                        else:
+                            g = np.asarray(g)
+                            assert g.dtype.name == dtype, f"dtype {g.dtype} != {dtype}"
                         assert g.shape == w.shape, f"{mode} at {case['envs'][k]}: shape {g.shape} != {w.shape}"
                         np.testing.assert_allclose(g.astype(w.dtype), w, rtol=tol, atol=tol, err_msg=f"{mode} at {case['envs'][k]}")
                         if w.size and np.issubdtype(w.dtype, np.number):

@@ -126,15 +126,17 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
     else:
         lines += ["%first = arith.muli %bid, %bdim : index", "%start = arith.addi %first, %tid : index",
                   "%stride = arith.muli %gdim, %bdim : index"]
-    total = trips(lines, bounds, "all_", lambda i: args[i])
+    total = _work_items(lines, bounds, block, lambda i: args[i])
     signature = ", ".join(["index"] * len(bounds) + [str(v.type) for v in captured])
+    last = len(bounds) - 1
+    sizes = [f"%all_pos{d}" for d in range(last)] + [f"%all_pos{last}" if block else "%chunks"]
 
     def loop(t: str, stem: str) -> list[str]:
         """The grid-stride loop with its index arithmetic in `t` (i32 or index): the dims of a
         flattened iteration are divisions, which cost several times more in 64 bits."""
         cast = (lambda v, to: f"arith.index_castui {v} : index to {to}") if t == "i32" else (lambda v, to: f"arith.addi {v}, %zero : index")
         out = [f"%{stem}start = {cast('%start', t)}", f"%{stem}stride = {cast('%stride', t)}", f"%{stem}total = {cast(total, t)}"]
-        out += [f"%{stem}pos{d} = {cast(f'%all_pos{d}', t)}" for d in range(1, len(bounds))]
+        out += [f"%{stem}pos{d} = {cast(sizes[d], t)}" for d in range(1, len(bounds))]
         out.append(f"scf.for %{stem}i = %{stem}start to %{stem}total step %{stem}stride : {t} {{")
         rest, ivs = f"%{stem}i", []
         for d in reversed(range(len(bounds))):
@@ -146,11 +148,25 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
             if t == "i32":
                 out.append(f"%{stem}x{d} = arith.index_castui {idx} : i32 to index")
                 idx = f"%{stem}x{d}"
+            if d == last and not block:  # a chunk of the innermost dim: its elements below
+                out.append(f"%{stem}first = arith.muli {idx}, %c_chunk : index")
+                continue
             out += [f"%{stem}off{d} = arith.muli {idx}, {step} : index", f"%{stem}iv{d} = arith.addi {lb}, %{stem}off{d} : index"]
             ivs.insert(0, f"%{stem}iv{d}")
-        return out + [f"  func.call @{body}({', '.join(ivs + args)}) : ({signature}) -> ()", "}"]
+        def call(innermost: list[str]) -> str:
+            return f"func.call @{body}({', '.join(ivs + innermost + args)}) : ({signature}) -> ()"
+
+        if block:
+            return out + ["  " + call([]), "}"]
+        lb, _, step = (args[k] for k in bounds[last])
+        for k in range(CHUNK):  # the chunk's elements: the other dims' index arithmetic is shared
+            out += [f"%{stem}e{k} = arith.addi %{stem}first, %chunk_at{k} : index", f"%{stem}in{k} = arith.cmpi ult, %{stem}e{k}, %all_pos{last} : index",
+                    f"scf.if %{stem}in{k} {{", f"%{stem}o{k} = arith.muli %{stem}e{k}, {step} : index",
+                    f"%{stem}last{k} = arith.addi {lb}, %{stem}o{k} : index", call([f"%{stem}last{k}"]), "}"]
+        return out + ["}"]
 
     # the iterations' count decides (the same in every thread): 32-bit index arithmetic below 2^31
+    lines += [f"%chunk_at{k} = arith.constant {k} : index" for k in range(CHUNK)]
     lines += [f"%limit = arith.constant {2**31 - 1} : index", f"%fits = arith.cmpi ule, {total}, %limit : index",
               "scf.if %fits {", *loop("i32", "n"), "} else {", *loop("index", "w"), "}", "gpu.return"]
     params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(types))
@@ -158,6 +174,20 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
 
 
 REDUCTION_BLOCK = 128  # threads that share a row of a cooperative reduction
+CHUNK = 4  # consecutive elements of the innermost dim a thread of a per-element kernel takes
+
+
+def _work_items(lines: list[str], bounds: Bounds, block: int, value=lambda i: f"%v{i}") -> str:
+    """Appends the index arithmetic of the loop's work items (`%zero`, `%one` defined; `value`
+    names the captured value at a position) and returns their count: its iterations for a block
+    per iteration (`block`), else its iterations with the innermost dim in chunks of CHUNK."""
+    total = trips(lines, bounds, "all_", value)
+    if block:
+        return total
+    last = len(bounds) - 1
+    lines += [f"%c_chunk = arith.constant {CHUNK} : index", f"%chunks = arith.ceildivui %all_pos{last}, %c_chunk : index",
+              f"%items = arith.muli {f'%all_trips{last - 1}' if last else '%one'}, %chunks : index"]
+    return "%items"
 # a reduction's combining op -> gpu.all_reduce's name for it, and its identity ("lowest",
 # "highest": of the type)
 _COMBINERS = {"arith.addf": ("add", 0.0), "arith.mulf": ("mul", 1.0), "arith.maximumf": ("maximumf", "lowest"),
@@ -270,10 +300,10 @@ def _constant(t: ir.Type, value) -> ir.Value:
 
 
 def _launch_text(name: str, kernel: str, captured: list[ir.Value], bounds: Bounds, block: int) -> str:
-    """The host side: pack the captured values and launch one thread per iteration, or one
+    """The host side: pack the captured values and launch one thread per work item, or one
     block of `block` threads per iteration."""
     lines = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", *pack_slots(captured)]
-    total = trips(lines, bounds, "all_")
+    total = _work_items(lines, bounds, block)
     if block:
         lines.append(f"%blocks = arith.muli {total}, %c_block : index")
         lines.insert(0, f"%c_block = arith.constant {block} : index")
@@ -475,8 +505,8 @@ def device_memory(module: ir.Module, constants: dict[str, int], host_only: tuple
             ir.InsertionPoint.at_block_begin(module.body).insert(ir.Operation.parse("llvm.func @disc_ral_gpu_constant(!llvm.ptr, i64) -> !llvm.ptr"))
 
 
-# the device module to LLVM: NVVM (CUDA) or ROCDL (ROCm; `erf` and `pow` expanded, as no device
-# library here provides them)
+# the device module to LLVM: NVVM (CUDA, with libdevice's math), or ROCDL (ROCm: f32 math expanded
+# or approximated by polynomials, as no package here provides ROCm's device library)
 _TO_DEVICE = {
     "cuda": "convert-gpu-to-nvvm{index-bitwidth=64}",
     "rocm": "math-expand-ops, convert-gpu-to-rocdl{chipset=%s index-bitwidth=64}",

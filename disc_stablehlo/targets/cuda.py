@@ -89,16 +89,21 @@ def _bytes_constant(name: str, data: bytes) -> str:
     return f'@{name} = private unnamed_addr constant [{len(data)} x i8] c"{body}", align 16'
 
 
+def embed_image(host_ir: str, image: bytes | None, ptx: str | None) -> str:
+    """The host code's LLVM IR with the accessors its launch code declares defined: the device
+    code object (a cubin or HSACO; None: none), its size, and the PTX (None: none)."""
+    definitions = [
+        _bytes_constant("__disc_gpu_image_data", image or b"\0"), _bytes_constant("__disc_gpu_ptx_data", (ptx or "").encode() + b"\0"),
+        f"define ptr @{IMAGE}() {{\n  ret ptr {'@__disc_gpu_image_data' if image else 'null'}\n}}",
+        f"define i64 @{IMAGE_SIZE}() {{\n  ret i64 {len(image or b'')}\n}}",
+        f"define ptr @{PTX}() {{\n  ret ptr {'@__disc_gpu_ptx_data' if ptx else 'null'}\n}}"]
+    host_ir = re.sub(rf"^declare \w+ @({IMAGE}|{IMAGE_SIZE}|{PTX})\(\)\n", "", host_ir, flags=re.M)
+    return host_ir + "\n" + "\n".join(definitions) + "\n"
+
+
 def with_device_image(host_ir: str, device_ir: str, target: Target, kernels: list[str]) -> tuple[str, str, bytes | None]:
     """The kernels compiled, and the host code's LLVM IR with the accessors its launch code
     declares defined (the cubin, its size, the PTX); returns that IR, the PTX and the cubin."""
     ptx = emit_ptx(device_ir, target, kernels)
     cubin = assemble(ptx, target)
-    image = cubin or b""
-    definitions = [
-        _bytes_constant("__disc_gpu_cubin_data", image or b"\0"), _bytes_constant("__disc_gpu_ptx_data", ptx.encode() + b"\0"),
-        f"define ptr @{IMAGE}() {{\n  ret ptr {'@__disc_gpu_cubin_data' if cubin else 'null'}\n}}",
-        f"define i64 @{IMAGE_SIZE}() {{\n  ret i64 {len(image)}\n}}",
-        f"define ptr @{PTX}() {{\n  ret ptr @__disc_gpu_ptx_data\n}}"]
-    host_ir = re.sub(rf"^declare \w+ @({IMAGE}|{IMAGE_SIZE}|{PTX})\(\)\n", "", host_ir, flags=re.M)
-    return host_ir + "\n" + "\n".join(definitions) + "\n", ptx, cubin
+    return embed_image(host_ir, cubin, ptx), ptx, cubin

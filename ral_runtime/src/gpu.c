@@ -1,6 +1,9 @@
-/* The RAL's GPU device: CUDA's driver and cuBLAS loaded with dlopen (building needs no CUDA), a
- * caching device allocator, caches of modules, kernels and constants, and launches, copies and
- * GEMMs on each context's stream. See ral/ral.h. */
+/* The RAL's GPU device: CUDA's driver and cuBLAS, or ROCm's HIP runtime and hipBLAS, loaded with
+ * dlopen (building needs neither), a caching device allocator, caches of modules, kernels and
+ * constants, and launches, copies and GEMMs on each context's stream. See ral/ral.h. One
+ * implementation for both APIs: HIP's module API mirrors CUDA's driver API call for call, so the
+ * device calls through one table loaded by either API's names; the few calls whose signatures
+ * differ go through adapters. */
 #define _GNU_SOURCE
 #include "ral/ral.h"
 #include "ral_internal.h"
@@ -13,62 +16,95 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------------------------ */
-/* the driver's and cuBLAS's types and entry points (no CUDA headers)                         */
+/* the APIs' types and entry points (no CUDA or HIP headers)                                  */
 
-typedef int CUresult;
+typedef int CUresult; /* hipError_t: the codes used here (success, out of memory, invalid image) are CUDA's */
 typedef int CUdevice;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
-typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUdeviceptr; /* HIP's is void *: passed alike */
 typedef struct cublasContext *cublasHandle_t;
-typedef int cublasStatus_t;
+typedef int cublasStatus_t; /* 0: success in both */
 
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_INVALID_IMAGE = 200 };
-enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_DEFAULT_MATH = 0 };
+enum { CUBLAS_DEFAULT_MATH = 0 };
+enum { API_CUDA = 0, API_HIP = 1 }; /* ral_runtime_gpu_kind() - 1 */
 
-#define DRIVER_SYMBOLS(X)                                                                                            \
-  X(cuInit, (unsigned flags))                                                                                        \
-  X(cuDeviceGet, (CUdevice * device, int ordinal))                                                                   \
-  X(cuDevicePrimaryCtxRetain, (CUcontext * context, CUdevice device))                                                \
-  X(cuDevicePrimaryCtxRelease, (CUdevice device))                                                                    \
-  X(cuCtxSetCurrent, (CUcontext context))                                                                            \
-  X(cuMemAlloc_v2, (CUdeviceptr * ptr, size_t bytes))                                                                \
-  X(cuMemFree_v2, (CUdeviceptr ptr))                                                                                 \
-  X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))                         \
-  X(cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))                               \
-  X(cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                         \
-  X(cuMemsetD2D8Async, (CUdeviceptr dst, size_t pitch, unsigned char value, size_t width, size_t height, CUstream s)) \
-  X(cuStreamSynchronize, (CUstream stream))                                                                          \
-  X(cuModuleLoadData, (CUmodule * module, const void *image))                                                        \
-  X(cuModuleUnload, (CUmodule module))                                                                               \
-  X(cuModuleGetFunction, (CUfunction * function, CUmodule module, const char *name))                                 \
-  X(cuLaunchKernel, (CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,             \
-                     unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void **params,       \
-                     void **extra))                                                                                   \
-  X(cuGetErrorString, (CUresult error, const char **text))                                                           \
-  X(cuGetErrorName, (CUresult error, const char **name))
+/* What differs between the APIs beyond the calls' names. */
+static const struct {
+  const char *name, *driver, *blas; /* in messages */
+  int op_n, op_t;                   /* the BLAS's operations: not transposed, transposed */
+  const char *blas_status[16];      /* the BLAS's statuses' names by value */
+} apis[2] = {
+    {"CUDA", "CUDA driver", "cuBLAS", 0, 1,
+     {[1] = "CUBLAS_STATUS_NOT_INITIALIZED", [3] = "CUBLAS_STATUS_ALLOC_FAILED", [7] = "CUBLAS_STATUS_INVALID_VALUE",
+      [8] = "CUBLAS_STATUS_ARCH_MISMATCH", [11] = "CUBLAS_STATUS_MAPPING_ERROR",
+      [13] = "CUBLAS_STATUS_EXECUTION_FAILED", [14] = "CUBLAS_STATUS_INTERNAL_ERROR",
+      [15] = "CUBLAS_STATUS_NOT_SUPPORTED"}},
+    {"HIP", "HIP runtime", "hipBLAS", 111, 112,
+     {[1] = "HIPBLAS_STATUS_NOT_INITIALIZED", [2] = "HIPBLAS_STATUS_ALLOC_FAILED", [3] = "HIPBLAS_STATUS_INVALID_VALUE",
+      [4] = "HIPBLAS_STATUS_MAPPING_ERROR", [5] = "HIPBLAS_STATUS_EXECUTION_FAILED",
+      [6] = "HIPBLAS_STATUS_INTERNAL_ERROR", [7] = "HIPBLAS_STATUS_NOT_SUPPORTED", [8] = "HIPBLAS_STATUS_ARCH_MISMATCH",
+      [9] = "HIPBLAS_STATUS_HANDLE_IS_NULLPTR", [10] = "HIPBLAS_STATUS_INVALID_ENUM", [11] = "HIPBLAS_STATUS_UNKNOWN"}},
+};
 
-#define CUBLAS_SYMBOLS(X)                                                                                          \
-  X(cublasCreate_v2, (cublasHandle_t * handle))                                                                    \
-  X(cublasDestroy_v2, (cublasHandle_t handle))                                                                     \
-  X(cublasSetStream_v2, (cublasHandle_t handle, CUstream stream))                                                  \
-  X(cublasSetMathMode, (cublasHandle_t handle, int mode))                                                          \
-  X(cublasSgemmStridedBatched, (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k,            \
-                                const float *alpha, const float *a, int lda, long long stride_a, const float *b, \
-                                int ldb, long long stride_b, const float *beta, float *c, int ldc,               \
-                                long long stride_c, int count))                                                  \
-  X(cublasDgemmStridedBatched, (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k,            \
-                                const double *alpha, const double *a, int lda, long long stride_a,               \
-                                const double *b, int ldb, long long stride_b, const double *beta, double *c,     \
-                                int ldc, long long stride_c, int count))                                         \
-  X(cublasSgemmBatched, (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const float *alpha,  \
-                         const float *const a[], int lda, const float *const b[], int ldb, const float *beta,       \
-                         float *const c[], int ldc, int count))                                                     \
-  X(cublasDgemmBatched, (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const double *alpha, \
-                         const double *const a[], int lda, const double *const b[], int ldb, const double *beta,    \
-                         double *const c[], int ldc, int count))
+/* (CUDA's call, its symbol's version suffix, HIP's call, parameters): the calls of the same
+ * signature in both APIs, each a field of the device named by CUDA's call. */
+#define DRIVER_CALLS(X)                                                                                                \
+  X(cuInit, , hipInit, (unsigned flags))                                                                               \
+  X(cuDeviceGet, , hipDeviceGet, (CUdevice * device, int ordinal))                                                     \
+  X(cuDevicePrimaryCtxRetain, , hipDevicePrimaryCtxRetain, (CUcontext * context, CUdevice device))                     \
+  X(cuDevicePrimaryCtxRelease, , hipDevicePrimaryCtxRelease, (CUdevice device))                                        \
+  X(cuCtxSetCurrent, , hipCtxSetCurrent, (CUcontext context))                                                          \
+  X(cuMemAlloc, _v2, hipMalloc, (CUdeviceptr * ptr, size_t bytes))                                                     \
+  X(cuMemFree, _v2, hipFree, (CUdeviceptr ptr))                                                                        \
+  X(cuMemcpyHtoDAsync, _v2, hipMemcpyHtoDAsync, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))     \
+  X(cuMemcpyDtoHAsync, _v2, hipMemcpyDtoHAsync, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))           \
+  X(cuMemcpyDtoDAsync, _v2, hipMemcpyDtoDAsync, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))     \
+  X(cuStreamSynchronize, , hipStreamSynchronize, (CUstream stream))                                                    \
+  X(cuModuleLoadData, , hipModuleLoadData, (CUmodule * module, const void *image))                                     \
+  X(cuModuleUnload, , hipModuleUnload, (CUmodule module))                                                              \
+  X(cuModuleGetFunction, , hipModuleGetFunction, (CUfunction * function, CUmodule module, const char *name))           \
+  X(cuLaunchKernel, , hipModuleLaunchKernel,                                                                           \
+    (CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned block_y,              \
+     unsigned block_z, unsigned shared_bytes, CUstream stream, void **params, void **extra))
+
+#define BLAS_CALLS(X)                                                                                                  \
+  X(cublasCreate, _v2, hipblasCreate, (cublasHandle_t * handle))                                                       \
+  X(cublasDestroy, _v2, hipblasDestroy, (cublasHandle_t handle))                                                       \
+  X(cublasSetStream, _v2, hipblasSetStream, (cublasHandle_t handle, CUstream stream))                                  \
+  X(cublasSgemmStridedBatched, , hipblasSgemmStridedBatched,                                                           \
+    (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const float *alpha, const float *a,         \
+     int lda, long long stride_a, const float *b, int ldb, long long stride_b, const float *beta, float *c,            \
+     int ldc, long long stride_c, int count))                                                                          \
+  X(cublasDgemmStridedBatched, , hipblasDgemmStridedBatched,                                                           \
+    (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const double *alpha, const double *a,       \
+     int lda, long long stride_a, const double *b, int ldb, long long stride_b, const double *beta, double *c,         \
+     int ldc, long long stride_c, int count))                                                                          \
+  X(cublasSgemmBatched, , hipblasSgemmBatched,                                                                         \
+    (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const float *alpha,                         \
+     const float *const a[], int lda, const float *const b[], int ldb, const float *beta, float *const c[],            \
+     int ldc, int count))                                                                                              \
+  X(cublasDgemmBatched, , hipblasDgemmBatched,                                                                         \
+    (cublasHandle_t handle, int trans_a, int trans_b, int m, int n, int k, const double *alpha,                        \
+     const double *const a[], int lda, const double *const b[], int ldb, const double *beta, double *const c[],        \
+     int ldc, int count))
+
+/* Each call's name in messages, by API (CUDA's without its version suffix): CALL(g, cuInit). */
+enum {
+#define CALL_ID(cu, v2, hip, params) CALL_##cu,
+  DRIVER_CALLS(CALL_ID) BLAS_CALLS(CALL_ID)
+#undef CALL_ID
+  CALL_cuMemsetD2D8Async
+};
+static const char *const call_names[][2] = {
+#define CALL_NAMES(cu, v2, hip, params) {#cu, #hip},
+    DRIVER_CALLS(CALL_NAMES) BLAS_CALLS(CALL_NAMES)
+#undef CALL_NAMES
+    {"cuMemsetD2D8Async", "hipMemset2DAsync"}};
+#define CALL(g, cu) call_names[CALL_##cu][(g)->api]
 
 /* ------------------------------------------------------------------------------------------ */
 /* chained hash tables of intrusive nodes (each lookup compares its own keys)                  */
@@ -166,13 +202,23 @@ typedef struct {
 struct ral_gpu {
   void *driver, *blas; /* dlopen handles; blas NULL: GEMMs fail, saying blas_error */
   char blas_error[256];
-#define FIELD(name, params) CUresult(*name) params;
-  DRIVER_SYMBOLS(FIELD)
+  int api; /* API_CUDA or API_HIP: which names were loaded, how the calls below are made */
+#define FIELD(cu, v2, hip, params) CUresult(*cu) params;
+  DRIVER_CALLS(FIELD)
 #undef FIELD
-  CUresult (*cuCtxGetCurrent)(CUcontext *context); /* optional */
-#define FIELD(name, params) cublasStatus_t(*name) params;
-  CUBLAS_SYMBOLS(FIELD)
+#define FIELD(cu, v2, hip, params) cublasStatus_t(*cu) params;
+  BLAS_CALLS(FIELD)
 #undef FIELD
+  /* calls whose signatures differ: those of one API loaded, made by the adapters below */
+  CUresult (*cuMemsetD2D8Async)(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width, size_t height,
+                                CUstream stream);
+  CUresult (*hipMemset2DAsync)(void *dst, size_t pitch, int value, size_t width, size_t height, CUstream stream);
+  CUresult (*cuGetErrorName)(CUresult error, const char **name);
+  CUresult (*cuGetErrorString)(CUresult error, const char **text);
+  const char *(*hipGetErrorName)(CUresult error);
+  const char *(*hipGetErrorString)(CUresult error);
+  CUresult (*cuCtxGetCurrent)(CUcontext *context);                      /* optional (hipCtxGetCurrent) */
+  cublasStatus_t (*cublasSetMathMode)(cublasHandle_t handle, int mode); /* CUDA only */
   int ordinal;
   CUdevice device;
   CUcontext context;          /* the device's primary context, retained (NULL before) */
@@ -188,27 +234,64 @@ struct ral_gpu {
   cublasHandle_t blas_handle;
 };
 
-#define LOAD(name, params)                                                     \
-  if (!(g->name = (__typeof__(g->name))dlsym(lib, #name))) return #name;
+/* The API a driver library speaks (its cuInit or hipInit), or -1. */
+static int api_of(void *lib) { return dlsym(lib, "cuInit") ? API_CUDA : dlsym(lib, "hipInit") ? API_HIP : -1; }
 
+static void *load_symbol(void *lib, const char *name, const char **missing) {
+  void *p = dlsym(lib, name);
+  if (!p && !*missing) *missing = name;
+  return p;
+}
+
+#define LOAD(field, name) g->field = (__typeof__(g->field))load_symbol(lib, name, &missing)
+#define LOAD_CALL(cu, v2, hip, params) LOAD(cu, g->api == API_HIP ? #hip : #cu #v2);
+
+/* The calls of g->api from `lib`: NULL, or the name of the first one missing. */
 static const char *load_driver(ral_gpu *g, void *lib) {
-  DRIVER_SYMBOLS(LOAD)
-  g->cuCtxGetCurrent = (CUresult(*)(CUcontext *))dlsym(lib, "cuCtxGetCurrent");
-  return NULL;
+  const char *missing = NULL;
+  DRIVER_CALLS(LOAD_CALL)
+  if (g->api == API_HIP) {
+    LOAD(hipMemset2DAsync, "hipMemset2DAsync");
+    LOAD(hipGetErrorName, "hipGetErrorName");
+    LOAD(hipGetErrorString, "hipGetErrorString");
+  } else {
+    LOAD(cuMemsetD2D8Async, "cuMemsetD2D8Async");
+    LOAD(cuGetErrorName, "cuGetErrorName");
+    LOAD(cuGetErrorString, "cuGetErrorString");
+  }
+  const char *get_current = g->api == API_HIP ? "hipCtxGetCurrent" : "cuCtxGetCurrent";
+  g->cuCtxGetCurrent = (__typeof__(g->cuCtxGetCurrent))dlsym(lib, get_current);
+  return missing;
 }
 
-static const char *load_cublas(ral_gpu *g, void *lib) {
-  CUBLAS_SYMBOLS(LOAD)
-  return NULL;
+static const char *load_blas(ral_gpu *g, void *lib) {
+  const char *missing = NULL;
+  BLAS_CALLS(LOAD_CALL)
+  if (g->api == API_CUDA) LOAD(cublasSetMathMode, "cublasSetMathMode");
+  return missing;
 }
+#undef LOAD_CALL
 #undef LOAD
 
-/* "<name>: <description>" of a driver error. */
+/* cuMemsetD2D8Async, or hipMemset2DAsync (the value an int, the pointer a void *). */
+static CUresult memset_2d(const ral_gpu *g, CUdeviceptr dst, size_t pitch, unsigned char value, size_t width,
+                          size_t height, CUstream stream) {
+  if (g->api == API_HIP) return g->hipMemset2DAsync((void *)(uintptr_t)dst, pitch, value, width, height, stream);
+  return g->cuMemsetD2D8Async(dst, pitch, value, width, height, stream);
+}
+
+/* "<name>: <description>" of a driver error (HIP's calls return the strings). */
 static const char *driver_error(const ral_gpu *g, CUresult r, char *buf, size_t size) {
   const char *name = NULL, *text = NULL;
-  if (g->cuGetErrorName(r, &name) != CUDA_SUCCESS || !name)
-    snprintf(buf, size, "CUDA error %d", r);
-  else if (g->cuGetErrorString(r, &text) != CUDA_SUCCESS || !text)
+  if (g->api == API_HIP)
+    name = g->hipGetErrorName(r), text = g->hipGetErrorString(r);
+  else if (g->cuGetErrorName(r, &name) != CUDA_SUCCESS)
+    name = NULL;
+  else if (g->cuGetErrorString(r, &text) != CUDA_SUCCESS)
+    text = NULL;
+  if (!name)
+    snprintf(buf, size, "%s error %d", apis[g->api].name, r);
+  else if (!text)
     snprintf(buf, size, "%s", name);
   else
     snprintf(buf, size, "%s: %s", name, text);
@@ -245,7 +328,7 @@ static ral_status context_gpu(ral_context *ctx, const char *what, ral_gpu **out)
   CUresult r = gpu_bind(g);
   if (r != CUDA_SUCCESS) {
     *out = NULL;
-    return fail(ctx, RAL_ERR_INTERNAL, g, r, "%s: cuCtxSetCurrent", what);
+    return fail(ctx, RAL_ERR_INTERNAL, g, r, "%s: %s", what, CALL(g, cuCtxSetCurrent));
   }
   return RAL_OK;
 }
@@ -284,14 +367,14 @@ static gpu_pool *pool_of(ral_gpu *g, void *stream) {
   return p;
 }
 
-/* Frees every cached block (cuMemFree waits for the device's work first), with alloc_lock held. */
+/* Frees every cached block (cuMemFree and hipFree wait for the device's work first), with alloc_lock held. */
 static void release_cached(ral_gpu *g) {
   for (gpu_pool *p = g->pools; p; p = p->next)
     for (int bin = 0; bin < GPU_BINS; bin++)
       while (p->free_list[bin]) {
         gpu_block *b = p->free_list[bin];
         p->free_list[bin] = b->next_free;
-        g->cuMemFree_v2(b->ptr);
+        g->cuMemFree(b->ptr);
         free(b);
       }
   g->stats.bytes_cached = 0;
@@ -314,10 +397,10 @@ static gpu_block *gpu_get(ral_gpu *g, size_t bytes, void *stream, CUresult *erro
     g->stats.cache_hits++;
     *error = CUDA_SUCCESS;
   } else if (pool && (b = calloc(1, sizeof *b))) {
-    *error = g->cuMemAlloc_v2(&b->ptr, size);
+    *error = g->cuMemAlloc(&b->ptr, size);
     if (*error != CUDA_SUCCESS) { /* the cache of every stream may hold the room */
       release_cached(g);
-      *error = g->cuMemAlloc_v2(&b->ptr, size);
+      *error = g->cuMemAlloc(&b->ptr, size);
     }
     if (*error == CUDA_SUCCESS) {
       b->bin = bin;
@@ -394,11 +477,12 @@ static void cache_drop(ral_gpu *g, hash_table *t, uintptr_t lo, uintptr_t hi) {
 }
 
 /* The function `kernel` of the module `image` (or `ptx`), loaded on first use: the cubin, or
- * where the driver refuses it (built for another GPU) the PTX, compiled by the driver. NULL after
- * failing ctx. */
+ * where the driver refuses it (built for another GPU) the PTX, compiled by the driver; on HIP the
+ * code object only. NULL after failing ctx. */
 static CUfunction gpu_function(ral_context *ctx, ral_gpu *g, const void *image, size_t image_size, const char *ptx,
                                const char *kernel) {
   const void *key = image ? image : (const void *)ptx;
+  if (g->api == API_HIP) ptx = NULL; /* CUDA's */
   CUresult load = CUDA_SUCCESS, get = CUDA_SUCCESS;
   pthread_mutex_lock(&g->kernel_lock);
   cached *f = cache_find(&g->kernels, CACHED_FUNCTION, key, kernel, image_size);
@@ -418,10 +502,14 @@ static CUfunction gpu_function(ral_context *ctx, ral_gpu *g, const void *image, 
   pthread_mutex_unlock(&g->kernel_lock);
   if (f) return (CUfunction)f->value;
   if (load != CUDA_SUCCESS)
-    fail(ctx, RAL_ERR_INTERNAL, g, load, "cuModuleLoadData(%s of %s)",
-         image && ptx ? "the cubin, then the PTX" : image ? "the cubin" : "the PTX", kernel);
+    fail(ctx, RAL_ERR_INTERNAL, g, load, "%s(%s of %s)", CALL(g, cuModuleLoadData),
+         g->api == API_HIP ? (image ? "the code object" : "no code object")
+         : image && ptx    ? "the cubin, then the PTX"
+         : image           ? "the cubin"
+                           : "the PTX",
+         kernel);
   else if (get != CUDA_SUCCESS)
-    fail(ctx, RAL_ERR_INTERNAL, g, get, "cuModuleGetFunction(%s)", kernel);
+    fail(ctx, RAL_ERR_INTERNAL, g, get, "%s(%s)", CALL(g, cuModuleGetFunction), kernel);
   else
     fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, CUDA_SUCCESS, "out of memory caching kernel %s", kernel);
   return NULL;
@@ -433,14 +521,14 @@ static CUfunction gpu_function(ral_context *ctx, ral_gpu *g, const void *image, 
 void gpu_destroy(ral_gpu *g) {
   if (g->context) {
     gpu_bind(g);
-    if (g->blas_handle) g->cublasDestroy_v2(g->blas_handle);
+    if (g->blas_handle) g->cublasDestroy(g->blas_handle);
     cache_drop(g, &g->kernels, 0, UINTPTR_MAX);
     cache_drop(g, &g->constants, 0, UINTPTR_MAX);
     for (size_t i = 0; i <= g->live.mask; i++) /* blocks taken and not given back */
       while (g->live.buckets[i]) {
         gpu_block *b = (gpu_block *)g->live.buckets[i];
         hash_remove(&g->live, &b->node);
-        g->cuMemFree_v2(b->ptr);
+        g->cuMemFree(b->ptr);
         free(b);
       }
     release_cached(g);
@@ -463,11 +551,11 @@ void gpu_destroy(ral_gpu *g) {
   free(g);
 }
 
-/* The driver and cuBLAS stay mapped when closed (RTLD_NODELETE): their threads and exit
- * handlers outlive a runtime. */
+/* The libraries stay mapped when closed (RTLD_NODELETE): their threads and exit handlers outlive a
+ * runtime. */
 #define GPU_DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
 
-static ral_status gpu_create(const char *driver_path, const char *cublas_path, int ordinal, ral_gpu **out) {
+static ral_status gpu_create(const char *driver_path, const char *blas_path, int ordinal, ral_gpu **out) {
   ral_gpu *g = *out = calloc(1, sizeof *g);
   if (!g) {
     runtime_error("out of memory enabling the GPU");
@@ -485,40 +573,48 @@ static ral_status gpu_create(const char *driver_path, const char *cublas_path, i
   if (!driver_path) driver_path = "libcuda.so.1";
   const char *missing;
   if (!(g->driver = dlopen(driver_path, GPU_DLOPEN_FLAGS))) {
-    runtime_error("cannot load the CUDA driver '%s': %s", driver_path, dlerror());
+    runtime_error("cannot load the GPU driver '%s': %s", driver_path, dlerror());
     return RAL_ERR_UNAVAILABLE;
   }
+  int api = api_of(g->driver);
+  if (api < 0) {
+    runtime_error("'%s' is neither CUDA's driver nor HIP's runtime: it has no cuInit or hipInit", driver_path);
+    return RAL_ERR_UNAVAILABLE;
+  }
+  g->api = api;
   if ((missing = load_driver(g, g->driver))) {
-    runtime_error("the CUDA driver '%s' has no %s", driver_path, missing);
+    runtime_error("the %s '%s' has no %s", apis[g->api].driver, driver_path, missing);
     return RAL_ERR_UNAVAILABLE;
   }
-  const char *call = "cuInit";
+  const char *call = CALL(g, cuInit);
   CUresult r = g->cuInit(0);
-  if (r == CUDA_SUCCESS) call = "cuDeviceGet", r = g->cuDeviceGet(&g->device, ordinal);
-  if (r == CUDA_SUCCESS) call = "cuDevicePrimaryCtxRetain", r = g->cuDevicePrimaryCtxRetain(&g->context, g->device);
+  if (r == CUDA_SUCCESS) call = CALL(g, cuDeviceGet), r = g->cuDeviceGet(&g->device, ordinal);
+  if (r == CUDA_SUCCESS)
+    call = CALL(g, cuDevicePrimaryCtxRetain), r = g->cuDevicePrimaryCtxRetain(&g->context, g->device);
   if (r != CUDA_SUCCESS) {
     char error[256];
     g->context = NULL;
     runtime_error("%s(device %d): %s", call, ordinal, driver_error(g, r, error, sizeof error));
     return RAL_ERR_UNAVAILABLE;
   }
-  if (!cublas_path)
-    snprintf(g->blas_error, sizeof g->blas_error, "no cuBLAS was given to ral_runtime_enable_gpu");
-  else if (!(g->blas = dlopen(cublas_path, GPU_DLOPEN_FLAGS)))
-    snprintf(g->blas_error, sizeof g->blas_error, "cannot load cuBLAS '%s': %s", cublas_path, dlerror());
-  else if ((missing = load_cublas(g, g->blas))) {
-    snprintf(g->blas_error, sizeof g->blas_error, "cuBLAS '%s' has no %s", cublas_path, missing);
+  const char *blas = apis[g->api].blas;
+  if (!blas_path)
+    snprintf(g->blas_error, sizeof g->blas_error, "no %s was given to ral_runtime_enable_gpu", blas);
+  else if (!(g->blas = dlopen(blas_path, GPU_DLOPEN_FLAGS)))
+    snprintf(g->blas_error, sizeof g->blas_error, "cannot load %s '%s': %s", blas, blas_path, dlerror());
+  else if ((missing = load_blas(g, g->blas))) {
+    snprintf(g->blas_error, sizeof g->blas_error, "%s '%s' has no %s", blas, blas_path, missing);
     dlclose(g->blas);
     g->blas = NULL;
   }
   return RAL_OK;
 }
 
-ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, const char *cublas_path, int ordinal) {
+ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, const char *blas_path, int ordinal) {
   runtime_error("%s", "");
   ral_gpu *g = runtime_gpu(rt);
   if (!g) {
-    ral_status s = gpu_create(driver_path, cublas_path, ordinal, &g);
+    ral_status s = gpu_create(driver_path, blas_path, ordinal, &g);
     if (s != RAL_OK) {
       if (g) gpu_destroy(g);
       return s;
@@ -527,6 +623,14 @@ ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, cons
     if (installed != g) { /* another thread enabled it meanwhile */
       gpu_destroy(g);
       g = installed;
+    }
+  } else if (driver_path) { /* enabled already: the library named must not speak the other API */
+    void *lib = dlopen(driver_path, GPU_DLOPEN_FLAGS);
+    int api = lib ? api_of(lib) : -1;
+    if (lib) dlclose(lib);
+    if (api >= 0 && api != g->api) {
+      runtime_error("the runtime uses a %s GPU already, not %s ('%s')", apis[g->api].name, apis[api].name, driver_path);
+      return RAL_ERR_INVALID_ARGUMENT;
     }
   }
   if (g->ordinal != ordinal) {
@@ -537,6 +641,11 @@ ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, cons
 }
 
 int ral_runtime_has_gpu(const ral_runtime *rt) { return runtime_gpu(rt) != NULL; }
+
+int ral_runtime_gpu_kind(const ral_runtime *rt) {
+  ral_gpu *g = runtime_gpu(rt);
+  return g ? g->api + 1 : RAL_GPU_NONE;
+}
 
 void ral_runtime_gpu_memory_stats(ral_runtime *rt, ral_memory_stats *out) {
   ral_gpu *g = runtime_gpu(rt);
@@ -566,7 +675,7 @@ ral_status ral_context_synchronize(ral_context *ctx) {
   ral_status s = context_gpu(ctx, "ral_context_synchronize", &g);
   if (s != RAL_OK) return s;
   CUresult r = g->cuStreamSynchronize(ctx->stream);
-  return r == CUDA_SUCCESS ? RAL_OK : fail(ctx, RAL_ERR_INTERNAL, g, r, "cuStreamSynchronize");
+  return r == CUDA_SUCCESS ? RAL_OK : fail(ctx, RAL_ERR_INTERNAL, g, r, "%s", CALL(g, cuStreamSynchronize));
 }
 
 ral_status ral_gpu_alloc(ral_runtime *rt, size_t bytes, void **out) {
@@ -593,7 +702,7 @@ void ral_gpu_free(ral_runtime *rt, void *ptr) {
 }
 
 ral_status ral_gpu_copy(ral_context *ctx, void *dst, const void *src, size_t bytes, int direction) {
-  static const char *const calls[] = {"cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync"};
+  static const int calls[] = {CALL_cuMemcpyHtoDAsync, CALL_cuMemcpyDtoHAsync, CALL_cuMemcpyDtoDAsync};
   if (direction < RAL_COPY_HOST_TO_DEVICE || direction > RAL_COPY_DEVICE_TO_DEVICE)
     return fail(ctx, RAL_ERR_INVALID_ARGUMENT, NULL, CUDA_SUCCESS, "ral_gpu_copy: no direction %d", direction);
   ral_gpu *g;
@@ -601,11 +710,12 @@ ral_status ral_gpu_copy(ral_context *ctx, void *dst, const void *src, size_t byt
   if (s != RAL_OK || bytes == 0) return s;
   CUstream stream = ctx->stream;
   CUdeviceptr d = (uintptr_t)dst, from = (uintptr_t)src;
-  CUresult r = direction == RAL_COPY_HOST_TO_DEVICE   ? g->cuMemcpyHtoDAsync_v2(d, src, bytes, stream)
-               : direction == RAL_COPY_DEVICE_TO_HOST ? g->cuMemcpyDtoHAsync_v2(dst, from, bytes, stream)
-                                                      : g->cuMemcpyDtoDAsync_v2(d, from, bytes, stream);
+  CUresult r = direction == RAL_COPY_HOST_TO_DEVICE   ? g->cuMemcpyHtoDAsync(d, src, bytes, stream)
+               : direction == RAL_COPY_DEVICE_TO_HOST ? g->cuMemcpyDtoHAsync(dst, from, bytes, stream)
+                                                      : g->cuMemcpyDtoDAsync(d, from, bytes, stream);
   if (r == CUDA_SUCCESS && direction == RAL_COPY_DEVICE_TO_HOST) r = g->cuStreamSynchronize(stream);
-  return r == CUDA_SUCCESS ? RAL_OK : fail(ctx, RAL_ERR_INTERNAL, g, r, "%s of %zu bytes", calls[direction], bytes);
+  const char *call = call_names[calls[direction]][g->api];
+  return r == CUDA_SUCCESS ? RAL_OK : fail(ctx, RAL_ERR_INTERNAL, g, r, "%s of %zu bytes", call, bytes);
 }
 
 void gpu_release_context(ral_context *ctx) {
@@ -656,7 +766,7 @@ void *disc_ral_gpu_constant(const void *host, int64_t bytes) {
   cached *c = cache_find(&g->constants, CACHED_CONSTANT, host, NULL, size);
   if (!c && (b = gpu_get(g, size ? size : 1, ctx->stream, &r))) {
     /* waited for: other streams use it with no order to this one */
-    if (size) r = g->cuMemcpyHtoDAsync_v2(b->ptr, host, size, ctx->stream);
+    if (size) r = g->cuMemcpyHtoDAsync(b->ptr, host, size, ctx->stream);
     if (size && r == CUDA_SUCCESS) r = g->cuStreamSynchronize(ctx->stream);
     if (r == CUDA_SUCCESS) c = cache_add(&g->constants, CACHED_CONSTANT, host, NULL, size, (void *)(uintptr_t)b->ptr);
     if (!c) gpu_put(g, (void *)(uintptr_t)b->ptr);
@@ -715,23 +825,16 @@ void disc_ral_gpu_launch(const void *image, int64_t image_size, const char *ptx,
   args[num_params] = NULL; /* unread by the driver: the end of the list for test stand-ins */
   CUresult r = g->cuLaunchKernel(f, (unsigned)grid, 1, 1, (unsigned)block, 1, 1, 0, ctx->stream, args, NULL);
   if (r != CUDA_SUCCESS) {
-    fail(ctx, RAL_ERR_INTERNAL, g, r, "cuLaunchKernel(%s, grid %lld, block %lld)", kernel, (long long)grid, (long long)block);
+    fail(ctx, RAL_ERR_INTERNAL, g, r, "%s(%s, grid %lld, block %lld)", CALL(g, cuLaunchKernel), kernel, (long long)grid,
+         (long long)block);
     context_exit(ctx);
   }
 }
 
-static const char *cublas_status(cublasStatus_t s) {
-  switch (s) {
-  case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
-  case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
-  case 7: return "CUBLAS_STATUS_INVALID_VALUE";
-  case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
-  case 11: return "CUBLAS_STATUS_MAPPING_ERROR";
-  case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
-  case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
-  case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
-  default: return "CUBLAS_STATUS_?";
-  }
+/* A BLAS status's name. */
+static const char *blas_status(const ral_gpu *g, cublasStatus_t s) {
+  const char *name = s > 0 && s < 16 ? apis[g->api].blas_status[s] : NULL;
+  return name ? name : g->api == API_HIP ? "HIPBLAS_STATUS_?" : "CUBLAS_STATUS_?";
 }
 
 /* disc_ral_gemm_f32's arguments (pointers as bytes) */
@@ -745,13 +848,12 @@ static int64_t gcd(int64_t a, int64_t b) { return b ? gcd(b, a % b) : a; }
 
 /* Every entry (o, j) of the product as one batched call on device arrays of their addresses (built
  * here, copied on the context's stream; the block goes back to the stream's pool, so nothing
- * reuses it before the call has run). With the cuBLAS lock held. */
+ * reuses it before the call has run). With the BLAS lock held. */
 static cublasStatus_t gemm_by_pointers(ral_context *ctx, ral_gpu *g, const gemm_args *p, size_t elem, int op_a, int op_b,
                                        int lda, int ldb, int ldc, int is_double, CUresult *r) {
   static const float one_f = 1, zero_f = 0;
   static const double one_d = 1, zero_d = 0;
   int64_t count = p->batch * p->inner;
-  if (count > INT32_MAX) return 7; /* CUBLAS_STATUS_INVALID_VALUE */
   size_t bytes = 3 * (size_t)count * sizeof(void *);
   const char **host = malloc(bytes);
   gpu_block *block = host ? gpu_get(g, bytes, ctx->stream, r) : NULL;
@@ -766,7 +868,7 @@ static cublasStatus_t gemm_by_pointers(ral_context *ctx, ral_gpu *g, const gemm_
     host[count + e] = p->b + (o * p->sb_b + j / p->b_group * p->sb_i) * (int64_t)elem;
     host[2 * count + e] = p->c + (o * p->sc_b + j * p->sc_i) * (int64_t)elem;
   }
-  *r = g->cuMemcpyHtoDAsync_v2(block->ptr, host, bytes, ctx->stream); /* pageable: `host` is copied on return */
+  *r = g->cuMemcpyHtoDAsync(block->ptr, host, bytes, ctx->stream); /* pageable: `host` is copied on return */
   free(host);
   cublasStatus_t s = 0;
   if (*r == CUDA_SUCCESS) {
@@ -784,7 +886,7 @@ static cublasStatus_t gemm_by_pointers(ral_context *ctx, ral_gpu *g, const gemm_
   return s;
 }
 
-/* The product on cuBLAS: row-major C = A x B is column-major C^T = B^T x A^T, so B comes first.
+/* The product on cuBLAS or hipBLAS: row-major C = A x B is column-major C^T = B^T x A^T, so B comes first.
  * Entries j = g + G t of one outer entry, for G the lcm of the groups, are a strided batch (A's
  * entry (g + G t) / a_group = g / a_group + t G / a_group): one call per outer entry and residue
  * g, one in all where the outer level continues the inner one. */
@@ -806,8 +908,9 @@ static void gpu_gemm(const void *key, const char *name, int is_double, gemm_args
   } else if (!blas_layout(p.sa_m, p.sa_k, p.m, p.k, &ta, &lda) || !blas_layout(p.sb_k, p.sb_n, p.k, p.n, &tb, &ldb)) {
     status = fail(ctx, RAL_ERR_INVALID_ARGUMENT, g, CUDA_SUCCESS, "%s: operand has no unit stride", name);
   } else if (p.m > INT32_MAX || p.n > INT32_MAX || p.k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
-             ldc > INT32_MAX || (p.inner > 1 ? p.inner : p.batch) > INT32_MAX) {
-    status = fail(ctx, RAL_ERR_INVALID_ARGUMENT, g, CUDA_SUCCESS, "%s: dims exceed the 32-bit cuBLAS", name);
+             ldc > INT32_MAX || p.batch > INT32_MAX / p.inner) { /* at most INT32_MAX products in one call */
+    status = fail(ctx, RAL_ERR_INVALID_ARGUMENT, g, CUDA_SUCCESS, "%s: dims exceed the 32-bit %s", name,
+                  apis[g->api].blas);
   }
   if (status != RAL_OK) {
     context_exit(ctx);
@@ -827,32 +930,34 @@ static void gpu_gemm(const void *key, const char *name, int is_double, gemm_args
   int64_t residues = groups < p.inner ? groups : p.inner, start = now_ns();
   CUresult r = CUDA_SUCCESS;
   cublasStatus_t s = 0;
-  const char *call = "cuMemsetD2D8Async";
-  if (p.k == 0) { /* C = 0 (cuBLAS may leave C alone when k is 0) */
+  const char *call = CALL(g, cuMemsetD2D8Async);
+  if (p.k == 0) { /* C = 0 (the BLAS may leave C alone when k is 0) */
     for (int64_t e = 0; e < p.batch * p.inner && r == CUDA_SUCCESS; e++) {
       CUdeviceptr c = (uintptr_t)(p.c + ((e / p.inner) * p.sc_b + (e % p.inner) * p.sc_i) * (int64_t)elem);
-      r = g->cuMemsetD2D8Async(c, (size_t)ldc * elem, 0, (size_t)p.n * elem, (size_t)p.m, ctx->stream);
+      r = memset_2d(g, c, (size_t)ldc * elem, 0, (size_t)p.n * elem, (size_t)p.m, ctx->stream);
     }
   } else {
     static const float one_f = 1, zero_f = 0;
     static const double one_d = 1, zero_d = 0;
-    int op_a = ta == NO_TRANS ? CUBLAS_OP_N : CUBLAS_OP_T, op_b = tb == NO_TRANS ? CUBLAS_OP_N : CUBLAS_OP_T;
+    int op_n = apis[g->api].op_n, op_t = apis[g->api].op_t;
+    int op_a = ta == NO_TRANS ? op_n : op_t, op_b = tb == NO_TRANS ? op_n : op_t;
     int64_t stride_a = groups / p.a_group * p.sa_i, stride_b = groups / p.b_group * p.sb_i, stride_c = groups * p.sc_i;
-    call = "cublasCreate";
+    call = CALL(g, cublasCreate);
     pthread_mutex_lock(&g->blas_lock);
     if (!g->blas_handle) {
       cublasHandle_t handle = NULL;
-      s = g->cublasCreate_v2(&handle);
-      if (s == 0 && (s = g->cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH)) != 0) g->cublasDestroy_v2(handle);
+      s = g->cublasCreate(&handle);
+      if (s == 0 && g->cublasSetMathMode && (s = g->cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH)) != 0)
+        g->cublasDestroy(handle);
       if (s == 0) g->blas_handle = handle;
     }
-    if (s == 0) call = "cublasSetStream", s = g->cublasSetStream_v2(g->blas_handle, ctx->stream);
+    if (s == 0) call = CALL(g, cublasSetStream), s = g->cublasSetStream(g->blas_handle, ctx->stream);
     if (s == 0 && p.batch * residues > 1) { /* several strided batches: one call on arrays of the entries' addresses */
-      call = is_double ? "cublasDgemmBatched" : "cublasSgemmBatched";
+      call = is_double ? CALL(g, cublasDgemmBatched) : CALL(g, cublasSgemmBatched);
       s = gemm_by_pointers(ctx, g, &p, elem, op_a, op_b, (int)lda, (int)ldb, (int)ldc, is_double, &r);
       if (r != CUDA_SUCCESS) call = "the GEMM's pointer arrays";
     } else if (s == 0) { /* one strided batch */
-      call = is_double ? "cublasDgemmStridedBatched" : "cublasSgemmStridedBatched";
+      call = is_double ? CALL(g, cublasDgemmStridedBatched) : CALL(g, cublasSgemmStridedBatched);
       int count = (int)p.inner;
       if (is_double)
         s = g->cublasDgemmStridedBatched(g->blas_handle, op_b, op_a, (int)p.n, (int)p.m, (int)p.k, &one_d, (const double *)p.b,
@@ -867,7 +972,7 @@ static void gpu_gemm(const void *key, const char *name, int is_double, gemm_args
   }
   if (r != CUDA_SUCCESS || s != 0) {
     if (s != 0)
-      fail(ctx, RAL_ERR_INTERNAL, g, CUDA_SUCCESS, "%s: %s: %s", name, call, cublas_status(s));
+      fail(ctx, RAL_ERR_INTERNAL, g, CUDA_SUCCESS, "%s: %s: %s", name, call, blas_status(g, s));
     else
       fail(ctx, RAL_ERR_INTERNAL, g, r, "%s: %s", name, call);
     context_exit(ctx);

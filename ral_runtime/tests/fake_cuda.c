@@ -8,20 +8,32 @@
  * modules, streams and cuBLAS handles fail with CUDA_ERROR_INVALID_CONTEXT unless the device's
  * primary context is retained and current on the calling thread.
  *
- * Standalone: cc -shared -fPIC -o libfake_cuda.so fake_cuda.c -lpthread */
+ * Built with FAKE_HIP it poses as ROCm's HIP runtime and hipBLAS instead (libfake_hip.so): the
+ * same fake under HIP's names and signatures (hipMalloc, hipMemset2DAsync, hipModuleLaunchKernel,
+ * hipGetErrorName returning the name, ...), HIP's error names, hipBLAS's operations (111, 112,
+ * checked) and statuses, no math mode; a module must be a code object (ELF's magic: no PTX). The
+ * test interface keeps its fake_cuda_* names.
+ *
+ * Standalone: cc -shared -fPIC -o libfake_cuda.so fake_cuda.c -lpthread (add -DFAKE_HIP for HIP) */
 #define _GNU_SOURCE /* memmem */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
+#ifdef FAKE_HIP
+#define API(cuda, hip) hip
+#else
+#define API(cuda, hip) cuda
+#endif
+
+typedef int CUresult; /* hipError_t: the same codes */
 typedef int CUdevice;
 typedef struct fake_context *CUcontext;
 typedef struct fake_module *CUmodule;
 typedef struct fake_function *CUfunction;
 typedef void *CUstream;
-typedef unsigned long long CUdeviceptr;
+typedef API(unsigned long long, void *) CUdeviceptr;
 typedef struct fake_blas *cublasHandle_t;
 typedef int cublasStatus_t;
 
@@ -34,21 +46,25 @@ enum {
   INVALID_CONTEXT = 201,
   NO_BINARY_FOR_GPU = 209,
   NOT_FOUND = 500,
-  BLAS_INVALID_VALUE = 7,
+  BLAS_ALLOC_FAILED = API(3, 2),
+  BLAS_INVALID_VALUE = API(7, 3),
+  OP_N = API(0, 111),
+  OP_T = API(1, 112),
 };
 
 static const struct {
   CUresult code;
   const char *name, *text;
 } errors[] = {
-    {SUCCESS, "CUDA_SUCCESS", "no error"},
-    {INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-    {OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-    {INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-    {INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
-    {INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {NO_BINARY_FOR_GPU, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
-    {NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {SUCCESS, API("CUDA_SUCCESS", "hipSuccess"), "no error"},
+    {INVALID_VALUE, API("CUDA_ERROR_INVALID_VALUE", "hipErrorInvalidValue"), "invalid argument"},
+    {OUT_OF_MEMORY, API("CUDA_ERROR_OUT_OF_MEMORY", "hipErrorOutOfMemory"), "out of memory"},
+    {INVALID_DEVICE, API("CUDA_ERROR_INVALID_DEVICE", "hipErrorInvalidDevice"), "invalid device ordinal"},
+    {INVALID_IMAGE, API("CUDA_ERROR_INVALID_IMAGE", "hipErrorInvalidImage"), "device kernel image is invalid"},
+    {INVALID_CONTEXT, API("CUDA_ERROR_INVALID_CONTEXT", "hipErrorInvalidContext"), "invalid device context"},
+    {NO_BINARY_FOR_GPU, API("CUDA_ERROR_NO_BINARY_FOR_GPU", "hipErrorNoBinaryForGpu"),
+     "no kernel image is available for execution on the device"},
+    {NOT_FOUND, API("CUDA_ERROR_NOT_FOUND", "hipErrorNotFound"), "named symbol not found"},
 };
 
 struct fake_context {
@@ -157,14 +173,15 @@ void fake_cuda_reset(void) {
   pthread_mutex_unlock(&lock);
 }
 
-/* The next cuMemAlloc fails with CUDA_ERROR_OUT_OF_MEMORY (each call: one more). */
+/* The next cuMemAlloc (hipMalloc) fails with out of memory (each call: one more). */
 void fake_cuda_fail_next_alloc(void) {
   pthread_mutex_lock(&lock);
   failing_allocs++;
   pthread_mutex_unlock(&lock);
 }
 
-/* The next cuModuleLoadData of a cubin fails with CUDA_ERROR_NO_BINARY_FOR_GPU (each call: one more). */
+/* The next cuModuleLoadData (hipModuleLoadData) of a cubin (code object) fails with
+ * CUDA_ERROR_NO_BINARY_FOR_GPU (hipErrorNoBinaryForGpu) (each call: one more). */
 void fake_cuda_fail_next_cubin(void) {
   pthread_mutex_lock(&lock);
   failing_cubins++;
@@ -186,29 +203,45 @@ static int bound(void) { /* with the lock held */
   __VA_ARGS__;                                                                 \
   pthread_mutex_unlock(&lock)
 
-CUresult cuGetErrorName(CUresult error, const char **name) {
+static int error_index(CUresult error) {
   for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
-    if (errors[i].code == error) return *name = errors[i].name, SUCCESS;
-  *name = NULL;
-  return INVALID_VALUE;
+    if (errors[i].code == error) return (int)i;
+  return -1;
+}
+
+#ifdef FAKE_HIP
+const char *hipGetErrorName(CUresult error) {
+  int i = error_index(error);
+  return i < 0 ? "hipErrorUnknown" : errors[i].name;
+}
+
+const char *hipGetErrorString(CUresult error) {
+  int i = error_index(error);
+  return i < 0 ? "unknown error" : errors[i].text;
+}
+#else
+CUresult cuGetErrorName(CUresult error, const char **name) {
+  int i = error_index(error);
+  *name = i < 0 ? NULL : errors[i].name;
+  return i < 0 ? INVALID_VALUE : SUCCESS;
 }
 
 CUresult cuGetErrorString(CUresult error, const char **text) {
-  for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
-    if (errors[i].code == error) return *text = errors[i].text, SUCCESS;
-  *text = NULL;
-  return INVALID_VALUE;
+  int i = error_index(error);
+  *text = i < 0 ? NULL : errors[i].text;
+  return i < 0 ? INVALID_VALUE : SUCCESS;
 }
+#endif
 
-CUresult cuInit(unsigned flags) { return flags == 0 ? SUCCESS : INVALID_VALUE; }
+CUresult API(cuInit, hipInit)(unsigned flags) { return flags == 0 ? SUCCESS : INVALID_VALUE; }
 
-CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+CUresult API(cuDeviceGet, hipDeviceGet)(CUdevice *device, int ordinal) {
   if (ordinal != 0) return INVALID_DEVICE;
   *device = 0;
   return SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
+CUresult API(cuDevicePrimaryCtxRetain, hipDevicePrimaryCtxRetain)(CUcontext *context, CUdevice device) {
   if (device != 0) return INVALID_DEVICE;
   pthread_mutex_lock(&lock);
   primary.refs++;
@@ -217,7 +250,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
   return SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+CUresult API(cuDevicePrimaryCtxRelease, hipDevicePrimaryCtxRelease)(CUdevice device) {
   if (device != 0) return INVALID_DEVICE;
   pthread_mutex_lock(&lock);
   CUresult r = primary.refs > 0 ? (primary.refs--, SUCCESS) : INVALID_CONTEXT;
@@ -225,17 +258,17 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
   return r;
 }
 
-CUresult cuCtxSetCurrent(CUcontext context) {
+CUresult API(cuCtxSetCurrent, hipCtxSetCurrent)(CUcontext context) {
   current = context;
   return SUCCESS;
 }
 
-CUresult cuCtxGetCurrent(CUcontext *context) {
+CUresult API(cuCtxGetCurrent, hipCtxGetCurrent)(CUcontext *context) {
   *context = current;
   return SUCCESS;
 }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes) {
+CUresult API(cuMemAlloc_v2, hipMalloc)(CUdeviceptr *ptr, size_t bytes) {
   if (bytes == 0) return INVALID_VALUE;
   int fails = 0;
   NEED_CONTEXT(if ((fails = failing_allocs > 0)) failing_allocs--);
@@ -249,35 +282,35 @@ CUresult cuMemAlloc_v2(CUdeviceptr *ptr, size_t bytes) {
   return SUCCESS;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr ptr) {
+CUresult API(cuMemFree_v2, hipFree)(CUdeviceptr ptr) {
   NEED_CONTEXT(counts.frees++, counts.live--);
   free((void *)(uintptr_t)ptr);
   return SUCCESS;
 }
 
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
+CUresult API(cuMemcpyHtoDAsync_v2, hipMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.h2d++);
   memcpy((void *)(uintptr_t)dst, src, bytes);
   return SUCCESS;
 }
 
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+CUresult API(cuMemcpyDtoHAsync_v2, hipMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.d2h++);
   memcpy(dst, (const void *)(uintptr_t)src, bytes);
   return SUCCESS;
 }
 
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+CUresult API(cuMemcpyDtoDAsync_v2, hipMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.d2d++);
   memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
   return SUCCESS;
 }
 
-CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value, size_t width, size_t height,
-                           CUstream stream) {
+CUresult API(cuMemsetD2D8Async, hipMemset2DAsync)(CUdeviceptr dst, size_t pitch, API(unsigned char, int) value,
+                                                   size_t width, size_t height, CUstream stream) {
   (void)stream;
   if (height > 1 && pitch < width) return INVALID_VALUE;
   NEED_CONTEXT(counts.memsets++);
@@ -285,17 +318,20 @@ CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char value, s
   return SUCCESS;
 }
 
-CUresult cuStreamSynchronize(CUstream stream) {
+CUresult API(cuStreamSynchronize, hipStreamSynchronize)(CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.syncs++);
   return SUCCESS;
 }
 
-CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+CUresult API(cuModuleLoadData, hipModuleLoadData)(CUmodule *module, const void *image) {
   const char *text = image;
   int cubin = strncmp(text, "\x7f" "ELF", 4) == 0, refused = 0;
   NEED_CONTEXT(if ((refused = cubin && failing_cubins > 0)) failing_cubins--);
   if (refused) return NO_BINARY_FOR_GPU;
+#ifdef FAKE_HIP
+  if (!cubin) return INVALID_IMAGE; /* HIP loads code objects only */
+#endif
   CUmodule m = calloc(1, sizeof *m);
   if (!m) return OUT_OF_MEMORY;
   m->text = cubin ? text + 4 : text;
@@ -319,7 +355,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image) {
   return SUCCESS;
 }
 
-CUresult cuModuleUnload(CUmodule module) {
+CUresult API(cuModuleUnload, hipModuleUnload)(CUmodule module) {
   NEED_CONTEXT(counts.unloads++, counts.modules--);
   for (struct fake_function *f = module->functions, *next; f; f = next) {
     next = f->next;
@@ -329,7 +365,7 @@ CUresult cuModuleUnload(CUmodule module) {
   return SUCCESS;
 }
 
-CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
+CUresult API(cuModuleGetFunction, hipModuleGetFunction)(CUfunction *function, CUmodule module, const char *name) {
   NEED_CONTEXT();
   if (!memmem(module->text, module->size, name, strlen(name)) || strlen(name) >= sizeof((struct fake_function *)0)->name)
     return NOT_FOUND;
@@ -344,7 +380,7 @@ CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *
   return SUCCESS;
 }
 
-CUresult cuLaunchKernel(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+CUresult API(cuLaunchKernel, hipModuleLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
                         unsigned block_y, unsigned block_z, unsigned shared_bytes, CUstream stream, void **params,
                         void **extra) {
   (void)shared_bytes;
@@ -377,21 +413,21 @@ CUresult cuLaunchKernel(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned
   return SUCCESS;
 }
 
-/* ---- cuBLAS ---- */
+/* ---- cuBLAS (hipBLAS) ---- */
 
-cublasStatus_t cublasCreate_v2(cublasHandle_t *handle) {
+cublasStatus_t API(cublasCreate_v2, hipblasCreate)(cublasHandle_t *handle) {
   NEED_CONTEXT(counts.handles++);
   *handle = calloc(1, sizeof **handle);
-  return *handle ? SUCCESS : 3 /* CUBLAS_STATUS_ALLOC_FAILED */;
+  return *handle ? SUCCESS : BLAS_ALLOC_FAILED;
 }
 
-cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+cublasStatus_t API(cublasDestroy_v2, hipblasDestroy)(cublasHandle_t handle) {
   NEED_CONTEXT(counts.handles--);
   free(handle);
   return SUCCESS;
 }
 
-cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, CUstream stream) {
+cublasStatus_t API(cublasSetStream_v2, hipblasSetStream)(cublasHandle_t handle, CUstream stream) {
   handle->stream = stream;
   pthread_mutex_lock(&lock);
   counts.blas_stream = (int64_t)(intptr_t)stream;
@@ -399,18 +435,22 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, CUstream stream) {
   return SUCCESS;
 }
 
+#ifndef FAKE_HIP
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
   handle->math_mode = mode;
   return SUCCESS;
 }
+#endif
 
-/* Column-major C = alpha op(A) op(B) + beta C per batch entry, with cuBLAS's argument checks. */
+/* Column-major C = alpha op(A) op(B) + beta C per batch entry, with cuBLAS's argument checks (the
+ * operations: OP_N or OP_T). */
 #define FAKE_GEMM(NAME, T)                                                                                      \
   cublasStatus_t NAME(cublasHandle_t handle, int ta, int tb, int m, int n, int k, const T *alpha, const T *a, int lda, \
                       long long sa, const T *b, int ldb, long long sb, const T *beta, T *c, int ldc, long long sc,     \
                       int count) {                                                                              \
-    int a_rows = ta ? k : m, b_rows = tb ? n : k;                                                               \
-    if (!handle || (ta != 0 && ta != 1) || (tb != 0 && tb != 1) || m < 0 || n < 0 || k < 0 || count < 0 ||      \
+    int a_rows = ta == OP_T ? k : m, b_rows = tb == OP_T ? n : k;                                               \
+    if (!handle || (ta != OP_N && ta != OP_T) || (tb != OP_N && tb != OP_T) || m < 0 || n < 0 || k < 0 ||       \
+        count < 0 ||                                                                                            \
         lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))            \
       return BLAS_INVALID_VALUE;                                                                                \
     NEED_CONTEXT(counts.gemms++);                                                                               \
@@ -419,15 +459,17 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
         for (int i = 0; i < m; i++) {                                                                           \
           T sum = 0, *out = &c[e * sc + i + (long long)j * ldc];                                                \
           for (int l = 0; l < k; l++)                                                                           \
-            sum += a[e * sa + (ta ? l + (long long)i * lda : i + (long long)l * lda)] *                         \
-                   b[e * sb + (tb ? j + (long long)l * ldb : l + (long long)j * ldb)];                         \
+            sum += a[e * sa + (ta == OP_T ? l + (long long)i * lda : i + (long long)l * lda)] *                 \
+                   b[e * sb + (tb == OP_T ? j + (long long)l * ldb : l + (long long)j * ldb)];                 \
           *out = *alpha * sum + (*beta == 0 ? 0 : *beta * *out);                                                \
         }                                                                                                       \
     return SUCCESS;                                                                                             \
   }
 
-FAKE_GEMM(cublasSgemmStridedBatched, float)
-FAKE_GEMM(cublasDgemmStridedBatched, double)
+#define SGEMM_STRIDED API(cublasSgemmStridedBatched, hipblasSgemmStridedBatched)
+#define DGEMM_STRIDED API(cublasDgemmStridedBatched, hipblasDgemmStridedBatched)
+FAKE_GEMM(SGEMM_STRIDED, float)
+FAKE_GEMM(DGEMM_STRIDED, double)
 
 /* The same on arrays of the entries' addresses (in fake device memory: host memory). */
 #define FAKE_GEMM_BATCHED(NAME, STRIDED, T)                                                                      \
@@ -440,5 +482,5 @@ FAKE_GEMM(cublasDgemmStridedBatched, double)
     return SUCCESS;                                                                                              \
   }
 
-FAKE_GEMM_BATCHED(cublasSgemmBatched, cublasSgemmStridedBatched, float)
-FAKE_GEMM_BATCHED(cublasDgemmBatched, cublasDgemmStridedBatched, double)
+FAKE_GEMM_BATCHED(API(cublasSgemmBatched, hipblasSgemmBatched), SGEMM_STRIDED, float)
+FAKE_GEMM_BATCHED(API(cublasDgemmBatched, hipblasDgemmBatched), DGEMM_STRIDED, double)

@@ -1,7 +1,9 @@
 /* Tests of the RAL's GPU device through fake_cuda (CUDA's driver and cuBLAS on host memory, see
  * fake_cuda.c): enabling, device memory and its cache, launch grids and parameters, the module
  * cache and the PTX fallback, context-owned and taken device buffers, failures that end the call,
- * constants, cuBLAS GEMMs, and threads sharing the runtime. */
+ * constants, cuBLAS GEMMs, and threads sharing the runtime. Built with FAKE_HIP (test_gpu_hip), the
+ * same tests run on ROCm's API through the fake built as HIP's runtime and hipBLAS (no PTX
+ * fallback there); each build also drives the other fake from a second runtime. */
 #include "ral/ral.h"
 
 #include <pthread.h>
@@ -21,7 +23,15 @@ void fake_cuda_reset(void);
 void fake_cuda_fail_next_alloc(void);
 void fake_cuda_fail_next_cubin(void);
 
-static const char *fake = FAKE_CUDA_PATH;
+#ifdef FAKE_HIP
+#define API(cuda, hip) hip
+#else
+#define API(cuda, hip) cuda
+#endif
+
+/* the fake this test is linked with (its test interface above), and the other API's */
+static const char *fake = API(FAKE_CUDA_PATH, FAKE_HIP_PATH), *other_fake = API(FAKE_HIP_PATH, FAKE_CUDA_PATH);
+static const int kind = API(RAL_GPU_CUDA, RAL_GPU_ROCM), other_kind = API(RAL_GPU_ROCM, RAL_GPU_CUDA);
 
 /* To the fake driver a cubin is ELF's magic followed by the names of its kernels. */
 static const char cubin[] = "\x7f" "ELF disc_k0 disc_k1";
@@ -51,18 +61,27 @@ static ral_memory_stats gpu_stats(ral_runtime *rt) {
 }
 
 static void test_enable(ral_runtime *rt) {
-  CHECK(!ral_runtime_has_gpu(rt));
+  char want[512];
+  CHECK(!ral_runtime_has_gpu(rt) && ral_runtime_gpu_kind(rt) == RAL_GPU_NONE);
   CHECK(ral_runtime_enable_gpu(rt, "/nonexistent/libcuda.so.1", NULL, 0) == RAL_ERR_UNAVAILABLE);
-  CHECK(strstr(ral_runtime_create_error(), "cannot load the CUDA driver '/nonexistent/libcuda.so.1'") != NULL);
+  CHECK(strstr(ral_runtime_create_error(), "cannot load the GPU driver '/nonexistent/libcuda.so.1'") != NULL);
+  CHECK(ral_runtime_enable_gpu(rt, "libc.so.6", NULL, 0) == RAL_ERR_UNAVAILABLE); /* speaks neither API */
+  CHECK(strcmp(ral_runtime_create_error(), "'libc.so.6' is neither CUDA's driver nor HIP's runtime: it has no cuInit or hipInit") == 0);
   CHECK(ral_runtime_enable_gpu(rt, fake, fake, 7) == RAL_ERR_UNAVAILABLE);
-  CHECK(strcmp(ral_runtime_create_error(), "cuDeviceGet(device 7): CUDA_ERROR_INVALID_DEVICE: invalid device ordinal") == 0);
-  CHECK(!ral_runtime_has_gpu(rt) && fake_cuda_count("primary_refs") == 0);
+  CHECK(strcmp(ral_runtime_create_error(), API("cuDeviceGet(device 7): CUDA_ERROR_INVALID_DEVICE",
+                                               "hipDeviceGet(device 7): hipErrorInvalidDevice") ": invalid device ordinal") == 0);
+  CHECK(!ral_runtime_has_gpu(rt) && fake_cuda_count("primary_refs") == 0 && ral_runtime_gpu_kind(rt) == RAL_GPU_NONE);
   CHECK(ral_runtime_enable_gpu(rt, fake, fake, 0) == RAL_OK);
   CHECK(ral_runtime_create_error()[0] == 0);
+  CHECK(ral_runtime_gpu_kind(rt) == kind);
   CHECK(ral_runtime_enable_gpu(rt, fake, fake, 0) == RAL_OK); /* again: nothing to do */
   CHECK(ral_runtime_enable_gpu(rt, fake, fake, 1) == RAL_ERR_INVALID_ARGUMENT);
   CHECK(strcmp(ral_runtime_create_error(), "the runtime uses GPU 0 already, not 1") == 0);
-  CHECK(ral_runtime_has_gpu(rt) && fake_cuda_count("primary_refs") == 1);
+  CHECK(ral_runtime_enable_gpu(rt, other_fake, other_fake, 0) == RAL_ERR_INVALID_ARGUMENT); /* the other API */
+  snprintf(want, sizeof want, "the runtime uses a %s GPU already, not %s ('%s')", API("CUDA", "HIP"), API("HIP", "CUDA"),
+           other_fake);
+  CHECK(strcmp(ral_runtime_create_error(), want) == 0);
+  CHECK(ral_runtime_has_gpu(rt) && fake_cuda_count("primary_refs") == 1 && ral_runtime_gpu_kind(rt) == kind);
 }
 
 static void test_memory(ral_runtime *rt) {
@@ -132,6 +151,7 @@ static void test_launch(ral_runtime *rt) {
   CHECK(fake_cuda_launch(launched++, name, sizeof name, grid, block, params) == 0);
   CHECK(strcmp(name, "disc_k1") == 0 && grid[0] == 1 && block[0] == 32);
   CHECK(fake_cuda_count("cubin_loads") == 1 && fake_cuda_count("ptx_loads") == 0); /* one load for all */
+#ifndef FAKE_HIP /* HIP: no PTX (test_launch_failures) */
   /* the driver refuses the cubin (built for another GPU): the PTX is loaded instead */
   static const char refused[] = "\x7f" "ELF disc_k2", refused_ptx[] = ".entry disc_k2";
   fake_cuda_fail_next_cubin();
@@ -143,6 +163,7 @@ static void test_launch(ral_runtime *rt) {
   disc_ral_gpu_launch(NULL, 0, only_ptx, "disc_k3", NULL, 0, 1, 1);
   disc_ral_gpu_launch(NULL, 0, only_ptx, "disc_k3", NULL, 0, 1, 1);
   CHECK(fake_cuda_count("ptx_loads") == 2 && fake_cuda_launch_count() == launched + 2);
+#endif
   /* forgotten: unloaded, and loaded again by the next launch */
   ral_runtime_gpu_forget(rt, cubin, sizeof cubin);
   CHECK(fake_cuda_count("unloads") == 1);
@@ -166,26 +187,43 @@ static void launch_entry(void *args, void *results) {
   reached = 1;
 }
 
+#define NO_BINARY ": no kernel image is available for execution on the device"
+
 static void test_launch_failures(ral_runtime *rt) {
-  static const char refused[] = "\x7f" "ELF disc_k4";
-  const launch_args cases[] = {{refused, NULL, "disc_k4", 128}, /* the cubin refused, no PTX */
-                               {cubin, ptx, "disc_nope", 128},  /* no such kernel */
-                               {cubin, ptx, "disc_k0", 2048},   /* too many threads per block */
-                               {cubin, ptx, "disc_k0", 0}};
-  const char *want[] = {
-      "cuModuleLoadData(the cubin of disc_k4): CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available for "
-      "execution on the device",
-      "cuModuleGetFunction(disc_nope): CUDA_ERROR_NOT_FOUND: named symbol not found",
-      "cuLaunchKernel(disc_k0, grid 1, block 2048): CUDA_ERROR_INVALID_VALUE: invalid argument",
-      "disc_ral_gpu_launch(disc_k0): blocks of 0 threads, 0 parameters"};
-  const ral_status status[] = {RAL_ERR_INTERNAL, RAL_ERR_INTERNAL, RAL_ERR_INTERNAL, RAL_ERR_INVALID_ARGUMENT};
-  for (int i = 0; i < 4; i++) {
+  static const char refused[] = "\x7f" "ELF disc_k4", refused_ptx[] = ".entry disc_k4";
+  const struct {
+    launch_args args;
+    int refuse; /* the driver refuses the cubin */
+    ral_status status;
+    const char *message;
+  } cases[] = {
+      {{refused, NULL, "disc_k4", 128}, 1, RAL_ERR_INTERNAL, /* the cubin refused, no PTX */
+       API("cuModuleLoadData(the cubin of disc_k4): CUDA_ERROR_NO_BINARY_FOR_GPU",
+           "hipModuleLoadData(the code object of disc_k4): hipErrorNoBinaryForGpu") NO_BINARY},
+      {{cubin, ptx, "disc_nope", 128}, 0, RAL_ERR_INTERNAL, /* no such kernel */
+       API("cuModuleGetFunction(disc_nope): CUDA_ERROR_NOT_FOUND", "hipModuleGetFunction(disc_nope): hipErrorNotFound")
+       ": named symbol not found"},
+      {{cubin, ptx, "disc_k0", 2048}, 0, RAL_ERR_INTERNAL, /* too many threads per block */
+       API("cuLaunchKernel(disc_k0, grid 1, block 2048): CUDA_ERROR_INVALID_VALUE",
+           "hipModuleLaunchKernel(disc_k0, grid 1, block 2048): hipErrorInvalidValue") ": invalid argument"},
+      {{cubin, ptx, "disc_k0", 0}, 0, RAL_ERR_INVALID_ARGUMENT, "disc_ral_gpu_launch(disc_k0): blocks of 0 threads, 0 parameters"},
+#ifdef FAKE_HIP /* PTX is CUDA's: ignored */
+      {{refused, refused_ptx, "disc_k4", 128}, 1, RAL_ERR_INTERNAL,
+       "hipModuleLoadData(the code object of disc_k4): hipErrorNoBinaryForGpu" NO_BINARY},
+      {{NULL, refused_ptx, "disc_k4", 128}, 0, RAL_ERR_INTERNAL,
+       "hipModuleLoadData(no code object of disc_k4): hipErrorInvalidImage: device kernel image is invalid"},
+#endif
+  };
+  (void)refused_ptx;
+  fake_cuda_reset();
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char message[512];
-    if (i == 0) fake_cuda_fail_next_cubin();
-    CHECK(call(rt, NULL, launch_entry, (void *)&cases[i], NULL, message) == status[i]);
+    if (cases[i].refuse) fake_cuda_fail_next_cubin();
+    CHECK(call(rt, NULL, launch_entry, (void *)&cases[i].args, NULL, message) == cases[i].status);
     CHECK(!reached); /* the call ended at the failure */
-    CHECK(strcmp(message, want[i]) == 0);
+    CHECK(strcmp(message, cases[i].message) == 0);
   }
+  CHECK(fake_cuda_count("ptx_loads") == 0);
 }
 
 static void test_context_buffers(ral_runtime *rt) {
@@ -223,6 +261,8 @@ static void alloc_entry(void *args, void *results) {
   reached = 1;
 }
 
+#define OUT_OF_MEMORY API("CUDA_ERROR_OUT_OF_MEMORY", "hipErrorOutOfMemory") ": out of memory"
+
 static void test_out_of_memory(ral_runtime *rt) {
   char message[512];
   int64_t bytes = 1 << 20;
@@ -232,7 +272,7 @@ static void test_out_of_memory(ral_runtime *rt) {
   fake_cuda_fail_next_alloc();
   CHECK(call(rt, NULL, alloc_entry, &bytes, NULL, message) == RAL_ERR_OUT_OF_MEMORY);
   CHECK(!reached); /* the call ended at the failure */
-  CHECK(strcmp(message, "out of memory allocating 1048576 bytes on the GPU: CUDA_ERROR_OUT_OF_MEMORY: out of memory") == 0);
+  CHECK(strcmp(message, "out of memory allocating 1048576 bytes on the GPU: " OUT_OF_MEMORY) == 0);
   CHECK(gpu_stats(rt).bytes_cached == 0 && fake_cuda_count("frees") > 0);
   /* one failure: the retry after freeing the cache succeeds */
   void *p;
@@ -244,7 +284,7 @@ static void test_out_of_memory(ral_runtime *rt) {
   fake_cuda_fail_next_alloc();
   fake_cuda_fail_next_alloc();
   CHECK(ral_gpu_alloc(rt, 5 << 20, &p) == RAL_ERR_OUT_OF_MEMORY && p == NULL);
-  CHECK(strcmp(ral_runtime_create_error(), "out of memory allocating 5242880 bytes on the GPU: CUDA_ERROR_OUT_OF_MEMORY: out of memory") == 0);
+  CHECK(strcmp(ral_runtime_create_error(), "out of memory allocating 5242880 bytes on the GPU: " OUT_OF_MEMORY) == 0);
 }
 
 typedef struct {
@@ -429,7 +469,8 @@ static void test_without_cublas(void) {
   float x[4] = {0};
   disc_ral_gpu_gemm_f32(1, 1, 2, 2, 1, x, 0, 0, 1, 1, 1, x, 0, 0, 1, 2, 1, x, 0, 0, 2);
   CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
-  CHECK(strstr(ral_context_message(ctx), "disc_ral_gpu_gemm_f32: cannot load cuBLAS '/nonexistent/libcublas.so'") != NULL);
+  CHECK(strstr(ral_context_message(ctx), "disc_ral_gpu_gemm_f32: cannot load " API("cuBLAS", "hipBLAS")
+                                         " '/nonexistent/libcublas.so'") != NULL);
   ral_context_enter(prev);
   ral_context_destroy(ctx);
   void *kept;
@@ -449,7 +490,30 @@ static void test_without_gpu(void) {
   CHECK(call(rt, NULL, alloc_entry, &bytes, NULL, message) == RAL_ERR_UNAVAILABLE && !reached);
   CHECK(strcmp(message, "disc_ral_gpu_alloc: no GPU enabled in the runtime") == 0);
   ral_memory_stats st = gpu_stats(rt);
-  CHECK(!ral_runtime_has_gpu(rt) && st.allocations == 0);
+  CHECK(!ral_runtime_has_gpu(rt) && ral_runtime_gpu_kind(rt) == RAL_GPU_NONE && st.allocations == 0);
+  ral_runtime_destroy(rt);
+}
+
+/* A second runtime on the other API's fake (in the same process): a round trip through device
+ * memory and a GEMM. */
+static void test_other_api(void) {
+  ral_runtime *rt;
+  CHECK(ral_runtime_create(NULL, 1, &rt) == RAL_OK);
+  CHECK(ral_runtime_enable_gpu(rt, other_fake, other_fake, 0) == RAL_OK);
+  CHECK(ral_runtime_gpu_kind(rt) == other_kind);
+  float host[6] = {1, 2, 3, 4, 5, 6}, back[4] = {0};
+  void *a;
+  CHECK(ral_gpu_alloc(rt, sizeof host + sizeof back, &a) == RAL_OK);
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  float *c = (float *)a + 6;
+  CHECK(ral_gpu_copy(ctx, a, host, sizeof host, RAL_COPY_HOST_TO_DEVICE) == RAL_OK);
+  disc_ral_gpu_gemm_f32(1, 1, 2, 2, 3, a, 0, 0, 1, 3, 1, a, 0, 0, 1, 1, 3, c, 0, 0, 2); /* [2 x 3] x its transpose */
+  CHECK(ral_gpu_copy(ctx, back, c, sizeof back, RAL_COPY_DEVICE_TO_HOST) == RAL_OK);
+  CHECK(back[0] == 14 && back[1] == 32 && back[2] == 32 && back[3] == 77 && ral_context_status(ctx) == RAL_OK);
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
   ral_runtime_destroy(rt);
 }
 
@@ -471,6 +535,7 @@ int main(void) {
         fake_cuda_count("primary_refs") == 0);
   test_without_cublas();
   test_without_gpu();
+  test_other_api();
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }

@@ -186,8 +186,12 @@ void disc_ral_conv_f32_epilogue(DISC_RAL_CONV_ARGS(float), ral_parallel_body epi
 void disc_ral_conv_f64_epilogue(DISC_RAL_CONV_ARGS(double), ral_parallel_body epilogue, void *epilogue_data, int64_t rows,
                                 int64_t work);
 
-/* ---- GPU device (CUDA) ------------------------------------------------------------------------
- * The driver and cuBLAS are loaded with dlopen: the RAL builds without CUDA. All GPU work of a
+/* ---- GPU device (CUDA or ROCm) ----------------------------------------------------------------
+ * CUDA's driver and cuBLAS, or ROCm's HIP runtime and hipBLAS, are loaded with dlopen: the RAL
+ * builds without either, and chooses the API at run time by the driver library it is given. What
+ * follows says "driver", "cuBLAS", "cubin", "CUstream" and names CUDA's calls: on ROCm read the
+ * HIP runtime, hipBLAS, the code object (HSACO), hipStream_t and HIP's calls (messages name the
+ * calls made, e.g. "hipModuleLaunchKernel(...)" and "hipErrorOutOfMemory"). All GPU work of a
  * context (launches, copies, GEMMs) goes on the context's stream, in order; the host does not
  * wait for it except where said. Device memory comes from a caching allocator whose cached
  * blocks are reused only on the stream that freed them (stream order makes that safe), like
@@ -195,15 +199,22 @@ void disc_ral_conv_f64_epilogue(DISC_RAL_CONV_ARGS(double), ral_parallel_body ep
  * after that work is done (ral_context_synchronize). Every entry point is thread-safe; each makes
  * the device's primary context current on the calling thread. */
 
-/* Loads the CUDA driver (driver_path NULL: "libcuda.so.1"), initialises it and retains the primary
- * context of device `ordinal` (the one PyTorch and JAX use: memory is shared with them), and
- * loads cuBLAS from cublas_path if it is not NULL (where it is NULL or does not load, GEMMs fail
- * with RAL_ERR_UNAVAILABLE, saying why). Failure: RAL_ERR_UNAVAILABLE, the message in
- * ral_runtime_create_error(). Calling it again is a no-op for the same device (RAL_OK), and
- * RAL_ERR_INVALID_ARGUMENT for another. The runtime releases the device when destroyed, freeing
- * every device buffer it still knows (taken ones not given back included). */
-ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, const char *cublas_path, int ordinal);
+/* Loads the driver library driver_path (NULL: "libcuda.so.1", CUDA's driver): one with cuInit is
+ * driven as CUDA's driver, one with hipInit as HIP's runtime (ROCm: "libamdhip64.so"). Initialises
+ * it and retains the primary context of device `ordinal` (the one PyTorch and JAX use: memory is
+ * shared with them), and loads the BLAS from blas_path if it is not NULL: cuBLAS
+ * ("libcublas.so.12") for CUDA, hipBLAS ("libhipblas.so") for ROCm; where it is NULL or does not
+ * load, GEMMs fail with RAL_ERR_UNAVAILABLE, saying why. Failure: RAL_ERR_UNAVAILABLE, the message
+ * in ral_runtime_create_error(). Calling it again is a no-op for the same device (RAL_OK), and
+ * RAL_ERR_INVALID_ARGUMENT for another device, or for a driver_path of the other API. The runtime
+ * releases the device when destroyed, freeing every device buffer it still knows (taken ones not
+ * given back included). */
+ral_status ral_runtime_enable_gpu(ral_runtime *rt, const char *driver_path, const char *blas_path, int ordinal);
 int ral_runtime_has_gpu(const ral_runtime *rt);
+enum { RAL_GPU_NONE = 0, RAL_GPU_CUDA = 1, RAL_GPU_ROCM = 2 };
+/* The API of the runtime's GPU: RAL_GPU_CUDA, RAL_GPU_ROCM, or RAL_GPU_NONE before
+ * ral_runtime_enable_gpu succeeds. */
+int ral_runtime_gpu_kind(const ral_runtime *rt);
 /* Device memory: held by live buffers (bytes_in_use: those of contexts, taken ones, constants and
  * ral_gpu_alloc's), cached free blocks, and so on as for host memory. Zeros without a GPU. */
 void ral_runtime_gpu_memory_stats(ral_runtime *rt, ral_memory_stats *out);
@@ -214,7 +225,7 @@ void ral_runtime_gpu_memory_stats(ral_runtime *rt, ral_memory_stats *out);
  * No work using them may be pending. */
 void ral_runtime_gpu_forget(ral_runtime *rt, const void *begin, size_t bytes);
 
-/* The CUstream of the context's GPU work (NULL, the default: the legacy default stream). Set it
+/* The CUstream (hipStream_t) of the context's GPU work (NULL, the default: the legacy default stream). Set it
  * before the context's first GPU work. */
 void ral_context_set_stream(ral_context *ctx, void *stream);
 /* Waits for the context's stream. A driver error is recorded in the context and returned. */
@@ -260,14 +271,15 @@ void disc_ral_gpu_write(void *device, const void *host, int64_t bytes);
  * `params`: num_params 8-byte slots, kernel parameter i in slot i. Modules are loaded once per
  * runtime, keyed by the image pointer (the PTX pointer without an image): the cubin, or where the
  * driver refuses it (built for another GPU) the NUL-terminated PTX text, compiled by the driver.
+ * On ROCm `image` is the code object (an HSACO) and `ptx` is ignored: there is no fallback.
  * Driver errors fail with RAL_ERR_INTERNAL: "cuLaunchKernel(<kernel>, grid <g>, block <b>):
- * <error name>: <description>" (likewise for loading). */
+ * <error name>: <description>" (likewise for loading; on ROCm "hipModuleLaunchKernel(...)"). */
 void disc_ral_gpu_launch(const void *image, int64_t image_size, const char *ptx, const char *kernel, void *params,
                          int64_t num_params, int64_t threads, int64_t block);
 /* disc_ral_gemm_f32 / _f64 (same arguments and meaning) on device pointers, by cuBLAS on the
- * context's stream (default math: exact FP32, no TF32), counted in ral_kernel_stats (`ns`: the
+ * context's stream (default math: exact FP32, no TF32; hipBLAS on ROCm), counted in ral_kernel_stats (`ns`: the
  * time to enqueue). Each of A and B needs a unit stride in one of its dims (else
- * RAL_ERR_INVALID_ARGUMENT); RAL_ERR_UNAVAILABLE without cuBLAS. */
+ * RAL_ERR_INVALID_ARGUMENT); RAL_ERR_UNAVAILABLE without the BLAS. */
 void disc_ral_gpu_gemm_f32(int64_t batch, int64_t inner, int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_b,
                            int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const float *b, int64_t sb_b,
                            int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, float *c, int64_t sc_b,
