@@ -1,12 +1,15 @@
 """GPU kernels from the parallel loops, and host code that launches them through the RAL.
 
 Each outermost `scf.parallel` nest becomes a kernel of the device module (`gpu.module
-@disc_kernels`): one thread per iteration of all its dims, flattened (the innermost dim varies
-fastest, so neighbouring threads touch neighbouring elements), in a grid-stride loop; what the
-body loops over itself (a reduction's inner dims) runs in the thread. The host packs the loop's
-captured values into 8-byte slots as for the CPU thread pool (`parallel.pack_slots`): each slot
-is one kernel parameter, and `disc_ral_gpu_launch` passes them by address. The number of threads
-is computed by the host from the run-time bounds; the RAL picks the grid from it.
+@disc_kernels`): one thread per CHUNK consecutive iterations of its innermost dim, all dims
+flattened (the innermost varies fastest, so neighbouring threads touch neighbouring elements),
+in a grid-stride loop; what the body loops over itself (a reduction's inner dims) runs in the
+thread. A body that works on rows along contiguous memory (reductions, softmax and layer norm
+fused into one loop) runs one block of threads per row instead (`_cooperative_rows`). The host
+packs the loop's captured values into 8-byte slots as for the CPU thread pool
+(`parallel.pack_slots`): each slot is one kernel parameter, and `disc_ral_gpu_launch` passes
+them by address. The number of threads is computed by the host from the run-time bounds; the
+RAL picks the grid from it.
 
 The host code keeps shape arithmetic and control flow. Memory it touches is device memory: its
 allocations come from the RAL's device allocator, constants the kernels read are copied to the
@@ -35,16 +38,10 @@ IMAGE, IMAGE_SIZE, PTX = "__disc_gpu_image", "__disc_gpu_image_size", "__disc_gp
 LAUNCH_SIGNATURE = "!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, i64, i64, i64"
 
 
-@dataclasses.dataclass
-class DeviceCode:
-    module: ir.Module      # `gpu.module @disc_kernels` with the kernels and their bodies
-    kernels: list[str]     # the kernels' names
-
-
-def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], DeviceCode]:
+def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], ir.Module]:
     """Moves every outermost parallel loop of the module's functions into a kernel of a new
-    device module and launches it from where it was; returns what each kernel is and the
-    device module."""
+    device module (`gpu.module @disc_kernels` with the kernels and their bodies) and launches it
+    from where it was; returns what each kernel is and the device module."""
     state = LoweringState(module)
     kernels: list[Kernel] = []
     device: list[str] = []
@@ -73,7 +70,7 @@ def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], DeviceCode]:
         kernels.append(dataclasses.replace(kernel, name=name, version="block per row" if block else ""))
         state.add_function(_launch_text(launch, name, captured, bounds, block))
     text = f"module attributes {{gpu.container_module}} {{\ngpu.module @{DEVICE_MODULE} {{\n" + "\n".join(device) + "\n}\n}"
-    return kernels, DeviceCode(ir.Module.parse(text), sorted(set(outlined.values())))
+    return kernels, ir.Module.parse(text)
 
 
 def _hoist_globals(op: ir.Operation) -> None:
@@ -513,13 +510,13 @@ _TO_DEVICE = {
 }
 
 
-def device_llvm_ir(device: DeviceCode, target) -> str:
+def device_llvm_ir(device: ir.Module, target) -> str:
     """The LLVM IR of the device module's kernels (for `targets/cuda.py` or `targets/rocm.py`)."""
     to_device = _TO_DEVICE[target.kind].replace("%s", target.cpu)
-    run_pipeline(device.module, f"builtin.module(gpu.module(inline, convert-scf-to-cf, expand-strided-metadata, lower-affine, arith-expand, "
+    run_pipeline(device, f"builtin.module(gpu.module(inline, convert-scf-to-cf, expand-strided-metadata, lower-affine, arith-expand, "
                                 f"memref-expand, convert-complex-to-standard, {to_device}), reconcile-unrealized-casts)",
                  "lowering the kernels to LLVM")
-    gpu_module = device.module.body.operations[0]
+    gpu_module = device.body.operations[0]
     body = "\n".join(op.get_asm(enable_debug_info=False, assume_verified=True) for op in gpu_module.regions[0].blocks[0].operations)
     flat = ir.Module.parse("module {\n" + body + "\n}")
     verify(flat, "translation of the kernels to LLVM IR")
