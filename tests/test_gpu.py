@@ -142,6 +142,23 @@ def test_gemms_run_through_cublas_on_device_buffers(fake_cuda, monkeypatch, tmp_
         np.testing.assert_allclose(f(q, k), np.einsum("bqhd,bkhd->bhqk", q, k), rtol=1e-5, atol=1e-5)
 
 
+def test_constants_the_kernels_read_are_copied_to_the_device_once(fake_cuda, monkeypatch, tmp_path):
+    """A constant array read by a kernel (and one only the host reads: a reshape's shape) in a
+    module compiled for the GPU: the first call copies the kernel's constant to the device, later
+    calls reuse the copy."""
+    b = jax.export.symbolic_shape("b")[0]
+    table = np.array([1.5, -2.0, 3.0, 0.25], np.float32)
+    f = _on_fake_gpu(disc.compile(lambda x: (x * table).reshape(-1, 2), jax.ShapeDtypeStruct((b, 4), jnp.float32), target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    copies = []
+    for n in (3, 3, 5):
+        launches.reset()
+        assert f(np.ones((n, 4), np.float32)).shape == (2 * n, 2)
+        copies.append(launches.count("h2d"))  # the argument, and the constant the first time
+    assert copies == [2, 1, 1]
+
+
 def test_a_failed_device_allocation_ends_the_call_and_the_next_call_works(fake_cuda, monkeypatch, tmp_path):
     b = jax.export.symbolic_shape("b")[0]
     f = _on_fake_gpu(disc.compile(lambda x, w: x @ w, jax.ShapeDtypeStruct((b, 4), jnp.float32), jax.ShapeDtypeStruct((4, 4), jnp.float32),

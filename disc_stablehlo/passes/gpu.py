@@ -340,7 +340,7 @@ def host_buffers(module: ir.Module) -> None:
             continue
         device = name + DEVICE_COPY
         if device not in globals_:
-            globals_[device] = globals_[name].clone()
+            globals_[device] = globals_[name].clone(ip=ir.InsertionPoint(globals_[name]))
             globals_[device].attributes["sym_name"] = ir.StringAttr.get(device)
         op.attributes["name"] = ir.FlatSymbolRefAttr.get(device)
 
