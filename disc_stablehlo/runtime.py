@@ -8,8 +8,9 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import importlib.metadata
 import glob
+import importlib.metadata
+import math
 import os
 import sys
 import sysconfig
@@ -284,15 +285,20 @@ def descriptors(arrays: Sequence[np.ndarray | DeviceArray]) -> tuple[np.ndarray,
     return buffer, base + 8 * n
 
 
-def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int) -> np.ndarray:
+def _layout(desc: np.ndarray, dtype: np.dtype, rank: int) -> tuple[int, int, tuple[int, ...], tuple[int, ...], int]:
+    """A result descriptor's allocated pointer, the address of its first element, its shape, its
+    strides in bytes, and the bytes from its first element to the end of its last (0: empty)."""
     allocated, aligned, offset = (int(w) for w in desc[:3])
     shape = tuple(int(n) for n in desc[3:3 + rank])
     strides = tuple(int(s) * dtype.itemsize for s in desc[3 + rank:3 + 2 * rank])
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0:
+    span = 0 if 0 in shape else sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + dtype.itemsize
+    return allocated, aligned + offset * dtype.itemsize, shape, strides, span
+
+
+def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int) -> np.ndarray:
+    allocated, address, shape, strides, span = _layout(desc, dtype, rank)
+    if span == 0:
         return np.zeros(shape, dtype)
-    address = aligned + offset * dtype.itemsize
-    span = max(1, int(sum((n - 1) * abs(s) for n, s in zip(shape, strides))) + dtype.itemsize)
     raw = (ctypes.c_char * span).from_address(address)
     view = np.ndarray(shape, dtype, buffer=raw, strides=strides)
     if view.flags.c_contiguous and ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
@@ -306,24 +312,19 @@ def _device_result(ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank
                    device_results: Callable[[tuple[int, ...], np.dtype], tuple[Any, int]] | None) -> Any:
     """A result in device memory copied out before the context frees it: into a device array
     `device_results` makes (a contiguous result), else into a numpy array."""
-    aligned, offset = int(desc[1]), int(desc[2])
-    shape = tuple(int(n) for n in desc[3:3 + rank])
-    strides = tuple(int(x) for x in desc[3 + rank:3 + 2 * rank])
-    count = int(np.prod(shape, dtype=np.int64))
-    address = aligned + offset * dtype.itemsize
-    contiguous = strides == tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(rank))
+    _, address, shape, strides, span = _layout(desc, dtype, rank)
+    contiguous = strides == tuple(dtype.itemsize * math.prod(shape[i + 1:]) for i in range(rank))
     if device_results is not None and contiguous:
         out, dst = device_results(shape, dtype)
         # the context frees the source when the call returns, to its stream's pool: work on that
         # stream that reuses it runs after the copy
-        _copy(ctx, dst, address, count * dtype.itemsize, DEVICE_TO_DEVICE)
+        _copy(ctx, dst, address, span, DEVICE_TO_DEVICE)
         return out
-    if count == 0:
+    if span == 0:
         return np.zeros(shape, dtype)
-    span = 1 + sum((n - 1) * x for n, x in zip(shape, strides))  # elements from the first to the last
-    host = np.empty(span, dtype)
-    _copy(ctx, host.ctypes.data, address, span * dtype.itemsize, DEVICE_TO_HOST)
-    view = np.lib.stride_tricks.as_strided(host, shape, tuple(x * dtype.itemsize for x in strides))
+    host = np.empty(span // dtype.itemsize, dtype)
+    _copy(ctx, host.ctypes.data, address, span, DEVICE_TO_HOST)
+    view = np.lib.stride_tricks.as_strided(host, shape, strides)
     return view if contiguous else view.copy()
 
 

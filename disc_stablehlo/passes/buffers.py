@@ -135,7 +135,7 @@ def _dynamic_sizes(v: ir.Value) -> list[ir.Value]:
 
 def _size_key(t: ir.Type, dynamic_sizes: list[ir.Value]) -> tuple | None:
     t = ir.MemRefType(t)
-    elem = _element_bytes(t.element_type)
+    elem = element_bytes(t.element_type)
     if elem is None or not dynamic_sizes or not identity_layout(t):  # views of byte buffers need it
         return None
     static = elem
@@ -212,20 +212,22 @@ def _interval(v: ir.Value, entry_block: ir.Block, shapes: ShapeAnalysis, used: s
     return None
 
 
-def _element_bytes(t: ir.Type) -> int | None:
+def element_bytes(t: ir.Type) -> int | None:
+    """Bytes of one element of a buffer of `t` (a boolean takes a byte), or None for a type of no
+    fixed size."""
     if isinstance(t, ir.ComplexType):
-        inner = _element_bytes(t.element_type)
+        inner = element_bytes(t.element_type)
         return None if inner is None else 2 * inner
     if isinstance(t, ir.IndexType):
         return 8
     if isinstance(t, (ir.IntegerType, ir.FloatType)):
-        return (t.width + 7) // 8
+        return max(1, (t.width + 7) // 8)
     return None
 
 
 def _upper_bytes(alloc: ir.Operation, entry_block: ir.Block, shapes: ShapeAnalysis, used: set[str]) -> int | None:
     t = ir.MemRefType(alloc.result.type)
-    size = _element_bytes(t.element_type)
+    size = element_bytes(t.element_type)
     if size is None or not identity_layout(t):
         return None
     dynamic = iter(alloc.operands)
@@ -285,15 +287,6 @@ def plan_arena(entry: ir.Operation, shapes: ShapeAnalysis) -> None:
         ir.Operation.create("memref.dealloc", operands=[arena])
 
 
-def _element_bytes(t: ir.Type) -> int:
-    if isinstance(t, ir.ComplexType):
-        return 2 * _element_bytes(t.element_type)
-    if isinstance(t, ir.IndexType):
-        return 8
-    width = ir.IntegerType(t).width if isinstance(t, ir.IntegerType) else ir.FloatType(t).width
-    return max(1, (width + 7) // 8)
-
-
 def check_allocation_sizes(module: ir.Module, functions: list[str]) -> int:
     """Before every allocation of a dynamically sized buffer in the host `functions`, a call of
     `disc_ral_check_alloc` with whether a dim is negative (and its value) or the byte count
@@ -307,7 +300,7 @@ def check_allocation_sizes(module: ir.Module, functions: list[str]) -> int:
                  and ir.StringAttr(op.attributes["sym_name"]).value in functions]:
         for alloc in [op for op in walk(func) if op.name == "memref.alloc" and list(op.operands)]:
             mt = ir.MemRefType(alloc.result.type)
-            static = _element_bytes(mt.element_type)
+            static = element_bytes(mt.element_type)
             for i in range(mt.rank):
                 static *= 1 if mt.is_dynamic_dim(i) else mt.shape[i]
             what = f"{location_text(alloc)}: a buffer of {mt}".replace("\\", "\\\\").replace('"', '\\"')

@@ -19,6 +19,7 @@ start index, a loop's condition) are copies through the RAL (`disc_ral_gpu_read/
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from torch_mlir import ir
 from torch_mlir.dialects import llvm as llvm_dialect
@@ -26,6 +27,7 @@ from torch_mlir.dialects import llvm as llvm_dialect
 from ..artifact import Kernel
 from ..errors import UnsupportedOpError
 from ..mlir_support import create_value, describe, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
+from .buffers import element_bytes
 from .loops import VIEWS, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 from .parallel import (Bounds, _captured, _describe, _find, _sink_views, outermost_parallel_loops, pack_slots, slot_types,
@@ -241,10 +243,9 @@ def _cooperative_rows(func: ir.Operation) -> bool:
     left as it is: one thread per iteration)."""
     block = func.regions[0].blocks[0]
     ops = [o.operation for o in block.operations][:-1]  # without the return
-    kinds = []
-    for o in ops:
-        kinds.append("reduce" if _reduction(o) is not None else "loop" if _row_loop(o) else "store" if o.name == "memref.store"
-                     else "uniform" if o.name.startswith(_UNIFORM) else None)
+    combines = [_reduction(o) for o in ops]
+    kinds = ["reduce" if combine is not None else "loop" if _row_loop(o) else "store" if o.name == "memref.store"
+             else "uniform" if o.name.startswith(_UNIFORM) else None for o, combine in zip(ops, combines)]
     if None in kinds or not {"reduce", "loop"} & set(kinds):
         return False
     index, i1 = ir.IndexType.get(), ir.IntegerType.get_signless(1)
@@ -254,7 +255,7 @@ def _cooperative_rows(func: ir.Operation) -> bool:
         zero = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, 0))
         first = create_value("arith.cmpi", [tid, zero], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
     ret = block.operations[len(block.operations) - 1]
-    for i, (o, kind) in enumerate(zip(ops, kinds)):
+    for i, (o, kind, combine) in enumerate(zip(ops, kinds, combines)):
         after = ops[i + 1] if i + 1 < len(ops) else ret
         if kind in ("reduce", "loop"):  # each thread: iterations tid, tid + threads, ...
             n = 1 if o.name == "scf.for" else len(o.regions[0].blocks[0].arguments)
@@ -263,7 +264,6 @@ def _cooperative_rows(func: ir.Operation) -> bool:
                 o.operands[0] = create_value("arith.addi", [lb, create_value("arith.muli", [tid, step], index)], index)
                 o.operands[2 * n] = create_value("arith.muli", [step, threads], index)
         if kind == "reduce":
-            combine = _reduction(o)
             name, identity = _COMBINERS[combine.name]
             t, init = o.results[0].type, o.operands[3]
             with ir.InsertionPoint(o), o.location:
@@ -331,7 +331,7 @@ def host_buffers(module: ir.Module) -> None:
     for op in [op for op in walk(module.operation) if op.name == "memref.alloc"]:
         if _host_only(op):
             mt = ir.MemRefType(op.result.type)
-            if mt.has_static_shape and _count(mt) * _element_bytes(mt.element_type) <= 1024:
+            if mt.has_static_shape and math.prod(mt.shape) * element_bytes(mt.element_type) <= 1024:
                 _on_the_stack(op)
     globals_ = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in walk(module.operation) if op.name == "memref.global"}
     for op in [op for op in walk(module.operation) if op.name == "memref.get_global"]:
@@ -385,7 +385,7 @@ def host_memory_through_the_ral(module: ir.Module, host_only: tuple[str, ...]) -
         name = ir.StringAttr(op.attributes["sym_name"]).value if op.name == "memref.global" else ""
         if name.endswith(DEVICE_COPY):
             mt = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
-            constants[name] = _element_bytes(mt.element_type) * _count(mt)
+            constants[name] = element_bytes(mt.element_type) * math.prod(mt.shape)
     accesses = [op for op in _device_side(module, host_only) if op.name in ("memref.load", "memref.store")
                 and not _host_memory(op.operands[1 if op.name == "memref.store" else 0])]
     for op in accesses:
@@ -415,7 +415,7 @@ def _through_the_ral(op: ir.Operation) -> None:
     memref = op.operands[1 if store else 0]
     indices = list(op.operands)[2 if store else 1:]
     mt = ir.MemRefType(memref.type)
-    size = _element_bytes(mt.element_type)
+    size = element_bytes(mt.element_type)
     index, i64, ptr = ir.IndexType.get(), ir.IntegerType.get_signless(64), ir.Type.parse("!llvm.ptr")
     with ir.InsertionPoint(op), op.location:
         base_type = ir.MemRefType.get([], mt.element_type)
@@ -442,21 +442,6 @@ def _through_the_ral(op: ir.Operation) -> None:
             value = create_value("llvm.load", [slot], slot_type)
             op.results[0].replace_all_uses_with(create_value("arith.index_cast", [value], index) if is_index else value)
     op.erase()
-
-
-def _element_bytes(t: ir.Type) -> int:
-    if isinstance(t, ir.ComplexType):
-        return 2 * _element_bytes(t.element_type)
-    if isinstance(t, ir.IndexType):
-        return 8
-    return max(1, (t.width + 7) // 8)
-
-
-def _count(mt: ir.MemRefType) -> int:
-    n = 1
-    for d in mt.shape:
-        n *= d
-    return n
 
 
 # the RAL entries the host code calls (the allocation hooks of MLIR's finalize-memref-to-llvm

@@ -185,11 +185,11 @@ def slot_types(captured: list[ir.Value]) -> list[str]:
 def _unpack_text(par: str, body: str, captured: list[ir.Value], first: tuple[int, int, int]) -> str:
     """The worker side: rebuild the captured values from the slots, narrow the first dimension
     to iterations [lo, hi) and run the loop body."""
-    lines = []
-    for slot, ty in enumerate(slot_types(captured)):
+    lines, slots = [], slot_types(captured)
+    for slot, ty in enumerate(slots):
         lines.append(f"%p{slot} = llvm.getelementptr %data[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
         lines.append(f"%l{slot} = llvm.load %p{slot} : !llvm.ptr -> {ty}")
-    rebuilt, args = unpack_slots(captured, [f"%l{i}" for i in range(len(slot_types(captured)))])
+    rebuilt, args = unpack_slots(captured, [f"%l{i}" for i in range(len(slots))])
     lines += rebuilt
     lb, ub, step = (args[k] for k in first)
     lines += ["%lo_i = arith.index_cast %lo : i64 to index", "%hi_i = arith.index_cast %hi : i64 to index",

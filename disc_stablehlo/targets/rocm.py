@@ -79,7 +79,7 @@ def _linker() -> list[str]:
 
         return [sys.executable, "-m", "ziglang", "ld.lld"]
     except ImportError:
-        found = shutil.which("ld.lld") or next((shutil.which(f"ld.lld-{v}") for v in range(22, 14, -1) if shutil.which(f"ld.lld-{v}")), None)
+        found = next(filter(None, map(shutil.which, ["ld.lld", *(f"ld.lld-{v}" for v in range(22, 14, -1))])), None)
         if found is None:
             raise CompileError("ld.lld is needed to link ROCm code objects: pip install ziglang, or install LLD") from None
         return [found]
