@@ -68,6 +68,8 @@ def ral() -> ctypes.CDLL:
         ("ral_gpu_free", None, [vp, vp]),
         ("ral_gpu_copy", ctypes.c_int, [vp, vp, vp, ctypes.c_size_t, ctypes.c_int]),
         ("ral_context_set_stream", None, [vp, vp]),
+        ("ral_context_gpu_alloc", ctypes.c_int, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
+        ("ral_context_synchronize", ctypes.c_int, [vp]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -155,6 +157,21 @@ class DeviceArray:
 HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 0, 1, 2
 
 
+def _device_copy(address: int, a: np.ndarray) -> DeviceArray:
+    """The device array at `address` laid out as the contiguous host array `a`."""
+    return DeviceArray(address, a.shape, tuple(s // a.itemsize for s in a.strides), a.dtype)
+
+
+def _upload(ctx: ctypes.c_void_p, a: np.ndarray) -> DeviceArray:
+    """A copy of the contiguous host array `a` in device memory of the call `ctx` (made on its
+    stream, freed with it to that stream's pool: nothing reuses it before the call's work is done)."""
+    out = ctypes.c_void_p()
+    if ral().ral_context_gpu_alloc(ctx, max(a.nbytes, 1), ctypes.byref(out)) != 0:
+        raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+    _copy(ctx, out.value, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
+    return _device_copy(out.value, a)
+
+
 def _copy(ctx: ctypes.c_void_p, dst: int, src: int, nbytes: int, direction: int) -> None:
     if nbytes and ral().ral_gpu_copy(ctx, ctypes.c_void_p(dst), ctypes.c_void_p(src), nbytes, direction) != 0:
         raise RuntimeFailure(ral().ral_context_message(ctx).decode())
@@ -211,15 +228,18 @@ class Runtime:
             self.gpu = kind
 
     def to_device(self, a: np.ndarray) -> DeviceArray:
-        """A device copy of a host array (contiguous), freed when the returned array dies."""
+        """A device copy of a host array (contiguous), freed when the returned array dies; the
+        copy is done on return (the array may be used on any stream)."""
         a = np.ascontiguousarray(a)
         out = ctypes.c_void_p()
         if ral().ral_gpu_alloc(self.handle, max(a.nbytes, 1), ctypes.byref(out)) != 0:
             raise RuntimeFailure(f"cannot allocate {a.nbytes} bytes of device memory: {ral().ral_runtime_create_error().decode()}")
-        d = DeviceArray(out.value, a.shape, tuple(s // a.itemsize for s in a.strides), a.dtype)
+        d = _device_copy(out.value, a)
         weakref.finalize(d, self._free, ctypes.c_void_p(out.value))  # holds the runtime: it frees its buffers when destroyed
         with _Context(self) as ctx:
             _copy(ctx, out.value, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
+            if ral().ral_context_synchronize(ctx) != 0:
+                raise RuntimeFailure(ral().ral_context_message(ctx).decode())
         return d
 
     def _free(self, address: ctypes.c_void_p) -> None:
@@ -387,7 +407,7 @@ class Executable:
             if self.gpu:
                 params = self._on_device()
                 ral().ral_context_set_stream(ctx, ctypes.c_void_p(stream))
-                arrays = [a if isinstance(a, DeviceArray) else self.runtime.to_device(a) for a in arrays]
+                arrays = [a if isinstance(a, DeviceArray) else _upload(ctx, a) for a in arrays]
             _keep, args = descriptors(arrays + params)
             if self.guard is not None:
                 self._check_guard(ctx, self.guard(ctx, args)[0])
@@ -515,7 +535,11 @@ class CompiledFunction:
         the row blocks of the GEMM whose epilogue it is ("fused") and inline ("inline": the
         small-size version chosen from the real sizes), and total seconds; plus the library
         GEMM entries (counted over the whole process). Kernels generated in versions
-        (`kernels[i].version`) count separately, so the counts say which version ran."""
+        (`kernels[i].version`) count separately, so the counts say which version ran. CPU
+        targets only: a GPU's kernels are timed with its vendor's profiler (nsys, rocprof)."""
+        if self._exe.gpu:
+            raise DiscError(f"stats() counts CPU kernels; this function runs its kernels on a {self._exe.gpu} GPU "
+                            "(time them with the vendor's profiler: nsys, rocprof)")
         out = {k.name: kernel_stats(symbol_address(self._exe.lib, k.name)) for k in self.kernels}
         for name in self._exe.artifact.header["info"]["library_calls"]:
             out[name] = kernel_stats(symbol_address(ral(), name))

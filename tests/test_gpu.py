@@ -177,6 +177,55 @@ def test_a_failed_device_allocation_ends_the_call_and_the_next_call_works(fake_c
     np.testing.assert_array_equal(f(x, w), x[:, ::-1])
 
 
+def test_a_reduction_to_a_scalar_is_a_kernel_not_host_reads(fake_cuda, monkeypatch, tmp_path):
+    """A loop nest the host code would otherwise run over device memory (a sum of everything)
+    is a kernel of one thread: one launch, and the only device-to-host copy is the result's."""
+    b = jax.export.symbolic_shape("b")[0]
+    f = _on_fake_gpu(disc.compile(lambda x: x * jnp.sum(x), jax.ShapeDtypeStruct((b, 100), jnp.float32), target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    assert [k.version for k in f.kernels] == ["one thread", ""]
+    launches = Launches(fake_cuda)
+    for n in (1, 7):
+        launches.reset()
+        f(np.ones((n, 100), np.float32))
+        assert [grid for _, grid, _, _ in launches][0] == [1, 1, 1] and launches.count("d2h") == 1
+
+
+def test_host_code_reads_complex_elements_in_a_long_loop(fake_cuda, monkeypatch, tmp_path):
+    """A loop the host code runs (a while loop carrying a complex scalar) reads an element of a
+    device buffer per iteration through the RAL: complex elements as their two parts, each
+    read's stack slot made once per call (a million iterations do not overflow the stack)."""
+    def fn(n, z):
+        return jax.lax.fori_loop(0, n[0], lambda i, c: c * z[i % 2] + 1, jnp.complex64(1))
+
+    f = _on_fake_gpu(disc.compile(fn, jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.complex64), target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    z = np.array([0.5 + 0.25j, -0.3 + 0.5j], np.complex64)
+    for n in (5, 1_000_000):
+        np.testing.assert_allclose(f(np.array([n], np.int32), z), jax.jit(fn)(np.array([n], np.int32), z), rtol=1e-5)
+
+
+def test_host_arguments_are_copied_on_the_calls_stream_and_freed_to_it(fake_cuda, monkeypatch, tmp_path):
+    """A numpy argument of a call on a stream of the caller's (numpy mixed with CUDA tensors) is
+    copied into device memory of that stream's pool and given back to it when the call returns:
+    nothing on another stream can take the block while the call's kernels may still read it."""
+    b = jax.export.symbolic_shape("b")[0]
+    f = _on_fake_gpu(disc.compile(lambda x: x * 2, jax.ShapeDtypeStruct((b, 64), jnp.float32), target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    exe, x, stream = f._exe, np.ones((5, 64), np.float32), 0x5A
+
+    def buffers() -> set[int]:  # the device addresses the kernel was given (the argument's copy, the result)
+        launches.reset()
+        exe.run([x], stream=stream)
+        (_, _, _, params), = launches
+        return {p for p in params if p > 1 << 16}
+
+    first = buffers()
+    assert exe.runtime.to_device(x).address not in first  # the default stream's pool has neither
+    assert buffers() == first  # both reused on the same stream
+
+
 def _cuda_gpu() -> bool:
     try:
         lib = ctypes.CDLL("libcuda.so.1")

@@ -739,3 +739,25 @@ def test_converted_scalar_constants_fold():
     y, w8, ti, tb = f(x)
     np.testing.assert_array_equal(y, np.clip(x, -1.5, 3))
     assert (w8, ti, tb) == (44, -2, True)
+
+
+def test_loops_capturing_complex_values_run_on_the_thread_pool():
+    """A loop that uses a complex value defined before it (the zero a complex product starts
+    from) is a kernel like any other (the value passed as its two parts): it runs on the thread
+    pool, with the right result."""
+    import jax
+    import jax.numpy as jnp
+
+    b = jax.export.symbolic_shape("b")[0]
+    rng = np.random.default_rng(0)
+    for dt in (jnp.complex64, jnp.complex128):
+        def fn(a, w):
+            return a.astype(dt) @ w
+
+        f = disc.compile(fn, jax.ShapeDtypeStruct((b, 3), jnp.int8), jax.ShapeDtypeStruct((3, 6), dt))
+        product = next(k for k in f.kernels if "complex.mul" in k.ops)
+        a = rng.integers(-100, 100, (5000, 3)).astype(np.int8)
+        w = (rng.standard_normal((3, 6)) + 1j * rng.standard_normal((3, 6))).astype(dt)
+        before = f.stats()[product.name]["pool"]
+        np.testing.assert_allclose(f(a, w), a.astype(dt) @ w, rtol=1e-5 if dt == jnp.complex64 else 1e-12)
+        assert f.stats()[product.name]["pool"] == before + 1

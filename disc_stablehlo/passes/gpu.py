@@ -28,7 +28,7 @@ from ..artifact import Kernel
 from ..errors import UnsupportedOpError
 from ..mlir_support import create_value, describe, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
 from .buffers import element_bytes
-from .loops import VIEWS, loop_bounds
+from .loops import VIEWS, _new_loop, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 from .parallel import (Bounds, _captured, _describe, _find, _sink_views, outermost_parallel_loops, pack_slots, slot_types,
                        trips, unpack_slots)
@@ -44,16 +44,18 @@ def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], ir.Module]:
     """Moves every outermost parallel loop of the module's functions into a kernel of a new
     device module (`gpu.module @disc_kernels` with the kernels and their bodies) and launches it
     from where it was; returns what each kernel is and the device module."""
+    _one_thread(module)
     state = LoweringState(module)
     kernels: list[Kernel] = []
     device: list[str] = []
     outlined: dict[str, str] = {}  # a loop the same as an earlier one reuses its kernel
     for op in outermost_parallel_loops(module):
+        one_thread = ONE_THREAD in op.attributes
         _hoist_globals(op)
         _sink_views(op)
         captured = _captured(op)
         if captured is None:
-            raise UnsupportedOpError(f"a loop captures a value GPU kernels cannot take as a parameter (a complex or vector "
+            raise UnsupportedOpError(f"a loop captures a value GPU kernels cannot take as a parameter (a vector "
                                      f"scalar): {describe(op)}")
         bounds = [tuple(_find(captured, v) for v in bound) for bound in loop_bounds(op)]
         kernel = _describe(op, captured, None)
@@ -69,7 +71,8 @@ def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], ir.Module]:
             name = outlined[key] = state.fresh_symbol("gpu")
             device += [code, _kernel_text(name, body, captured, bounds, block)]
         func.erase()
-        kernels.append(dataclasses.replace(kernel, name=name, version="block per row" if block else ""))
+        version = "block per row" if block else "one thread" if one_thread else ""
+        kernels.append(dataclasses.replace(kernel, name=name, version=version))
         state.add_function(_launch_text(launch, name, captured, bounds, block))
     text = f"module attributes {{gpu.container_module}} {{\ngpu.module @{DEVICE_MODULE} {{\n" + "\n".join(device) + "\n}\n}"
     return kernels, ir.Module.parse(text)
@@ -323,6 +326,40 @@ def _launch_text(name: str, kernel: str, captured: list[ir.Value], bounds: Bound
 DEVICE_COPY = "__device"  # the suffix of a constant global the kernels or library calls read (`device_memory`)
 
 
+# ops a serial loop nest may hold to run as a kernel of one thread
+_SERIAL = ("scf.for", "scf.if", "scf.yield", "arith.", "math.", "complex.", "index.", "affine.apply", "memref.load", "memref.store",
+           "memref.dim", "memref.extract_strided_metadata", *VIEWS)
+
+
+ONE_THREAD = "disc.one_thread"  # on a serial loop nest that becomes a kernel of one thread
+
+
+def mark_serial_loops(module: ir.Module, host_only: tuple[str, ...]) -> int:
+    """Marks each loop nest the host code would run itself over device memory (a reduction to a
+    scalar, a small static loop) to become a kernel of one thread (`outline_gpu_kernels`): its
+    elements are then read on the device, not copied one by one to the host. Loops with results
+    (values the host code uses) stay on the host. Returns how many loops were marked."""
+    loops = [op for op in _device_side(module, host_only) if op.name == "scf.for" and not op.results
+             and not nested_in(op, "scf.for") and not nested_in(op, "scf.parallel")
+             and all(o.name.startswith(_SERIAL) for o in walk(op))
+             and any(o.name in ("memref.load", "memref.store") for o in walk(op))]
+    for op in loops:
+        op.attributes[ONE_THREAD] = ir.UnitAttr.get()
+    return len(loops)
+
+
+def _one_thread(module: ir.Module) -> None:
+    """Each marked loop nest into a parallel loop of one iteration (the kernel of one thread)."""
+    for op in [op for op in walk(module.operation) if ONE_THREAD in op.attributes]:
+        del op.attributes[ONE_THREAD]  # now the kernel's
+        with ir.InsertionPoint(op), op.location:
+            zero, one = (create_value("arith.constant", [], ir.IndexType.get(), value=ir.IntegerAttr.get(ir.IndexType.get(), v))
+                         for v in (0, 1))
+            loop, body = _new_loop([(zero, one, one)])
+        loop.attributes[ONE_THREAD] = ir.UnitAttr.get()
+        op.move_before(list(body.operations)[-1])
+
+
 def host_buffers(module: ir.Module) -> None:
     """Before buffers are planned: small buffers of static shape that only the host code reads
     and writes (a reshape's shape operand, built from dims) become stack buffers of the host;
@@ -351,9 +388,17 @@ def _host_only(op: ir.Operation) -> bool:
         o, n = use.owner, use.operand_number
         if o.name == "memref.dealloc" or (o.name == "memref.reshape" and n == 1):
             continue
-        if not (o.name == "memref.load" or (o.name == "memref.store" and n == 1)) or nested_in(o, "scf.parallel"):
+        if not (o.name == "memref.load" or (o.name == "memref.store" and n == 1)) or nested_in(o, "scf.parallel") or _marked(o):
             return False
     return True
+
+
+def _marked(op: ir.Operation) -> bool:
+    """Whether `op` is in a loop nest marked to become a kernel of one thread."""
+    node = op.parent
+    while node is not None and ONE_THREAD not in node.attributes:
+        node = node.parent
+    return node is not None
 
 
 def _on_the_stack(alloc: ir.Operation) -> None:
@@ -428,20 +473,42 @@ def _through_the_ral(op: ir.Operation) -> None:
         bytes_ = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, size))
         address = create_value("arith.addi", [base, create_value("arith.muli", [offset, bytes_], index)], index)
         device = create_value("llvm.inttoptr", [create_value("arith.index_cast", [address], i64)], ptr)
-        one = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(i64, 1))
-        is_index = isinstance(mt.element_type, ir.IndexType)  # held as i64
-        slot_type = i64 if is_index else mt.element_type
-        slot = create_value("llvm.alloca", [one], ptr, elem_type=ir.TypeAttr.get(slot_type))
+        slot_type = _register_type(mt.element_type)
+        func = op.parent
+        while func.name != "func.func":
+            func = func.parent
+        with ir.InsertionPoint.at_block_begin(func.regions[0].blocks[0]):  # once per call, not per loop iteration
+            one = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(i64, 1))
+            slot = create_value("llvm.alloca", [one], ptr, elem_type=ir.TypeAttr.get(slot_type))
         n = create_value("llvm.mlir.constant", [], i64, value=ir.IntegerAttr.get(i64, size))
         if store:
-            value = create_value("arith.index_cast", [op.operands[0]], i64) if is_index else op.operands[0]
-            ir.Operation.create("llvm.store", operands=[value, slot])
+            ir.Operation.create("llvm.store", operands=[_cast(op.operands[0], slot_type), slot])
             ir.Operation.create("func.call", operands=[device, slot, n], attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_gpu_write")})
         else:
             ir.Operation.create("func.call", operands=[slot, device, n], attributes={"callee": ir.FlatSymbolRefAttr.get("disc_ral_gpu_read")})
             value = create_value("llvm.load", [slot], slot_type)
-            op.results[0].replace_all_uses_with(create_value("arith.index_cast", [value], index) if is_index else value)
+            op.results[0].replace_all_uses_with(_cast(value, mt.element_type))
     op.erase()
+
+
+def _register_type(t: ir.Type) -> ir.Type:
+    """The LLVM type an element of type `t` is loaded and stored as (an index as i64, a complex
+    number as a struct of its parts)."""
+    if isinstance(t, ir.IndexType):
+        return ir.IntegerType.get_signless(64)
+    if isinstance(t, ir.ComplexType):
+        part = ir.ComplexType(t).element_type
+        return ir.Type.parse(f"!llvm.struct<({part}, {part})>")
+    return t
+
+
+def _cast(v: ir.Value, to: ir.Type) -> ir.Value:
+    """`v` as type `to` (between an element type and its `_register_type`)."""
+    if v.type == to:
+        return v
+    if isinstance(v.type, ir.IndexType) or isinstance(to, ir.IndexType):
+        return create_value("arith.index_cast", [v], to)
+    return create_value("builtin.unrealized_conversion_cast", [v], to)
 
 
 # the RAL entries the host code calls (the allocation hooks of MLIR's finalize-memref-to-llvm

@@ -55,8 +55,10 @@ def _captured(op: ir.Operation) -> list[ir.Value] | None:
                 found.append(v)
     for v in found:
         t = v.type
+        if isinstance(t, ir.ComplexType):
+            t = t.element_type
         if not (isinstance(t, (ir.MemRefType, ir.IndexType, ir.IntegerType, ir.F16Type, ir.BF16Type, ir.F32Type, ir.F64Type))):
-            return None  # complex, vectors: the loop stays serial
+            return None  # vectors: the loop stays serial
     return found
 
 
@@ -66,12 +68,15 @@ def _struct(t: ir.MemRefType) -> str:
 
 
 def _slots(t: ir.Type) -> list[tuple[str, list[int]]]:
-    """(LLVM type, extractvalue position) of each slot a value of type `t` takes."""
+    """(LLVM type, position) of each slot a value of type `t` takes: a memref descriptor's field
+    (extractvalue position), a complex number's real [0] and imaginary [1] part."""
     if isinstance(t, ir.MemRefType):
         r = t.rank
         return [(PTR, [0]), (PTR, [1]), ("i64", [2])] + [("i64", [3, i]) for i in range(r)] + [("i64", [4, i]) for i in range(r)]
     if isinstance(t, ir.IndexType):
         return [("i64", [])]
+    if isinstance(t, ir.ComplexType):
+        return [(str(ir.ComplexType(t).element_type), [0]), (str(ir.ComplexType(t).element_type), [1])]
     return [(str(t), [])]
 
 
@@ -97,7 +102,10 @@ def pack_slots(captured: list[ir.Value]) -> list[str]:
             src = f"%x{i}"
         for k, (ty, pos) in enumerate(_slots(v.type)):
             value = src
-            if pos:
+            if isinstance(v.type, ir.ComplexType):
+                value = f"%f{i}_{k}"
+                lines.append(f"{value} = complex.{('re', 'im')[k]} %v{i} : {v.type}")
+            elif pos:
                 value = f"%f{i}_{k}"
                 lines.append(f"{value} = llvm.extractvalue %s{i}[{', '.join(map(str, pos))}] : {_struct(v.type)}")
             lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
@@ -172,6 +180,9 @@ def unpack_slots(captured: list[ir.Value], slots: list[str]) -> tuple[list[str],
             args.append(f"%c{i}")
         elif isinstance(v.type, ir.IndexType):
             lines.append(f"%c{i} = arith.index_cast {loaded[0][0]} : i64 to index")
+            args.append(f"%c{i}")
+        elif isinstance(v.type, ir.ComplexType):
+            lines.append(f"%c{i} = complex.create {loaded[0][0]}, {loaded[1][0]} : {v.type}")
             args.append(f"%c{i}")
         else:
             args.append(loaded[0][0])

@@ -35,7 +35,7 @@ from .math_ops import boolean_sums_as_or, complex_extrema_lexicographic, integer
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
-from .gpu import device_llvm_ir, device_memory, host_buffers, host_memory_through_the_ral, outline_gpu_kernels
+from .gpu import device_llvm_ir, device_memory, host_buffers, host_memory_through_the_ral, mark_serial_loops, outline_gpu_kernels
 from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 from ..targets import Target
@@ -168,6 +168,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
             version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
         if target.kind != "cpu":
+            mark_serial_loops(module, (GUARD_FUNCTION,))
             host_buffers(module)
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
         if buffer_reuse:

@@ -678,6 +678,33 @@ ral_status ral_context_synchronize(ral_context *ctx) {
   return r == CUDA_SUCCESS ? RAL_OK : fail(ctx, RAL_ERR_INTERNAL, g, r, "%s", CALL(g, cuStreamSynchronize));
 }
 
+/* A block for the context's stream, recorded as the context's (freed with it); NULL after failing
+ * the context. */
+static void *context_block(ral_context *ctx, ral_gpu *g, size_t bytes) {
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  gpu_block *b = gpu_get(g, bytes ? bytes : 1, ctx->stream, &r);
+  if (!b) {
+    fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, r, "out of memory allocating %zu bytes on the GPU", bytes);
+    return NULL;
+  }
+  void *ptr = (void *)(uintptr_t)b->ptr;
+  if (!ptr_list_add(&ctx->device_buffers, ptr)) {
+    gpu_put(g, ptr);
+    fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, CUDA_SUCCESS, "out of memory recording a buffer");
+    return NULL;
+  }
+  return ptr;
+}
+
+ral_status ral_context_gpu_alloc(ral_context *ctx, size_t bytes, void **out) {
+  ral_gpu *g;
+  *out = NULL;
+  ral_status s = context_gpu(ctx, "ral_context_gpu_alloc", &g);
+  if (s != RAL_OK) return s;
+  *out = context_block(ctx, g, bytes);
+  return *out ? RAL_OK : ral_context_status(ctx);
+}
+
 ral_status ral_gpu_alloc(ral_runtime *rt, size_t bytes, void **out) {
   ral_gpu *g = runtime_gpu(rt);
   *out = NULL;
@@ -730,19 +757,10 @@ void *disc_ral_gpu_alloc(int64_t bytes) {
   ral_gpu *g;
   ral_context *ctx = entry_context("disc_ral_gpu_alloc", &g);
   if (!g) return NULL;
-  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-  gpu_block *b = bytes >= 0 ? gpu_get(g, bytes ? (size_t)bytes : 1, ctx->stream, &r) : NULL;
-  if (!b) {
-    fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, r, "out of memory allocating %lld bytes on the GPU", (long long)bytes);
+  void *ptr = bytes >= 0 ? context_block(ctx, g, (size_t)bytes) : NULL;
+  if (!ptr) {
+    if (bytes < 0) fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, CUDA_SUCCESS, "out of memory allocating %lld bytes on the GPU", (long long)bytes);
     context_exit(ctx);
-    return NULL;
-  }
-  void *ptr = (void *)(uintptr_t)b->ptr;
-  if (!ptr_list_add(&ctx->device_buffers, ptr)) {
-    gpu_put(g, ptr);
-    fail(ctx, RAL_ERR_OUT_OF_MEMORY, g, CUDA_SUCCESS, "out of memory recording a buffer");
-    context_exit(ctx);
-    return NULL;
   }
   return ptr;
 }

@@ -255,6 +255,30 @@ static void test_context_buffers(ral_runtime *rt) {
   CHECK(gpu_stats(rt).bytes_in_use == base);
 }
 
+/* A call's own device memory (ral_context_gpu_alloc, e.g. a host argument's copy) goes back with
+ * the context to its stream's pool: reused there, never by another stream. */
+static void test_call_buffers(ral_runtime *rt) {
+  void *stream = (void *)0x33, *p = NULL, *q = NULL, *other = NULL;
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context_set_stream(ctx, stream);
+  int64_t base = gpu_stats(rt).bytes_in_use;
+  CHECK(ral_context_gpu_alloc(ctx, 3000, &p) == RAL_OK && p && gpu_stats(rt).bytes_in_use == base + 3000);
+  ral_context_destroy(ctx);
+  CHECK(gpu_stats(rt).bytes_in_use == base);
+  CHECK(ral_gpu_alloc(rt, 3000, &other) == RAL_OK && other != p); /* the default stream's pool */
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context_set_stream(ctx, stream);
+  CHECK(ral_context_gpu_alloc(ctx, 3000, &q) == RAL_OK && q == p);
+  ral_context_destroy(ctx);
+  ral_gpu_free(rt, other);
+  for (int i = 0; i < 2; i++) fake_cuda_fail_next_alloc(); /* the RAL retries once after emptying its cache */
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  CHECK(ral_context_gpu_alloc(ctx, 1 << 30, &q) == RAL_ERR_OUT_OF_MEMORY && q == NULL);
+  CHECK(strstr(ral_context_message(ctx), "out of memory allocating 1073741824 bytes on the GPU") != NULL);
+  ral_context_destroy(ctx);
+}
+
 static void alloc_entry(void *args, void *results) {
   (void)results;
   disc_ral_gpu_alloc(*(const int64_t *)args);
@@ -526,6 +550,7 @@ int main(void) {
   test_launch_failures(rt);
   test_context_buffers(rt);
   test_out_of_memory(rt);
+  test_call_buffers(rt);
   test_constants(rt);
   test_gemm(rt);
   test_threads(rt);

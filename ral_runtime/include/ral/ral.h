@@ -231,6 +231,11 @@ void ral_context_set_stream(ral_context *ctx, void *stream);
 /* Waits for the context's stream. A driver error is recorded in the context and returned. */
 ral_status ral_context_synchronize(ral_context *ctx);
 
+/* Device memory for one call's own use (e.g. the copy of a host argument), from the runtime's
+ * cache, for the context's stream: freed with the context, to that stream's pool (work the
+ * context queued is done with it before other work on that stream reuses it). Failure:
+ * RAL_ERR_OUT_OF_MEMORY (or RAL_ERR_UNAVAILABLE without a GPU), recorded in the context. */
+ral_status ral_context_gpu_alloc(ral_context *ctx, size_t bytes, void **out);
 /* Device memory for the caller (e.g. a call's inputs), from the runtime's cache, for the legacy
  * default stream. Failure: RAL_ERR_OUT_OF_MEMORY (or RAL_ERR_UNAVAILABLE without a GPU), the
  * message in ral_runtime_create_error(). */
