@@ -70,6 +70,9 @@ def ral() -> ctypes.CDLL:
         ("ral_context_set_stream", None, [vp, vp]),
         ("ral_context_gpu_alloc", ctypes.c_int, [vp, ctypes.c_size_t, ctypes.POINTER(vp)]),
         ("ral_context_synchronize", ctypes.c_int, [vp]),
+        ("ral_runtime_gpu_memory_stats", None, [vp, ctypes.POINTER(MemoryStats)]),
+        ("ral_gpu_dlpack", vp, [vp, vp, ctypes.c_int32, vp, vp, ctypes.c_uint8, ctypes.c_uint8]),
+        ("ral_dlpack_delete", None, [vp]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
@@ -248,9 +251,13 @@ class Runtime:
     def reset_peak(self) -> None:
         ral().ral_runtime_reset_peak(self.handle)
 
-    def memory_stats(self) -> dict[str, int]:
+    def memory_stats(self, device: str = "host") -> dict[str, int]:
+        """The allocator's figures for host memory, or ("gpu") for device memory (zeros before
+        the GPU is attached)."""
+        if device not in ("host", "gpu"):
+            raise DiscError(f"memory_stats: device is 'host' or 'gpu', not {device!r}")
         st = MemoryStats()
-        ral().ral_runtime_memory_stats(self.handle, ctypes.byref(st))
+        (ral().ral_runtime_memory_stats if device == "host" else ral().ral_runtime_gpu_memory_stats)(self.handle, ctypes.byref(st))
         return {name: getattr(st, name) for name, _ in MemoryStats._fields_}
 
 
@@ -328,24 +335,81 @@ def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, 
     return view.copy()  # an argument, a parameter, a constant, or a result returned twice
 
 
-def _device_result(ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int,
-                   device_results: Callable[[tuple[int, ...], np.dtype], tuple[Any, int]] | None) -> Any:
-    """A result in device memory copied out before the context frees it: into a device array
-    `device_results` makes (a contiguous result), else into a numpy array."""
-    _, address, shape, strides, span = _layout(desc, dtype, rank)
+def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int,
+                   consume: Callable[["_Exported"], Any] | None) -> Any:
+    """A result in device memory: handed to `consume` (a framework's DLPack import) without a
+    copy where the call's buffer can be taken (else first copied into a buffer of the call's: an
+    argument, a parameter or a constant returned), or copied into a numpy array."""
+    allocated, address, shape, strides, span = _layout(desc, dtype, rank)
     contiguous = strides == tuple(dtype.itemsize * math.prod(shape[i + 1:]) for i in range(rank))
-    if device_results is not None and contiguous:
-        out, dst = device_results(shape, dtype)
-        # the context frees the source when the call returns, to its stream's pool: work on that
-        # stream that reuses it runs after the copy
-        _copy(ctx, dst, address, span, DEVICE_TO_DEVICE)
-        return out
+    code = _dlpack_type(dtype)
+    if consume is not None and code is not None:
+        if address != allocated or not ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
+            copy = ctypes.c_void_p()
+            if ral().ral_context_gpu_alloc(ctx, max(span, 1), ctypes.byref(copy)) != 0:
+                raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+            _copy(ctx, copy.value, address, span, DEVICE_TO_DEVICE)
+            address = copy.value
+            ral().ral_context_take(ctx, copy)
+        dims = np.array([*shape, *(s // dtype.itemsize for s in strides)], np.int64)
+        managed = ral().ral_gpu_dlpack(rt.handle, ctypes.c_void_p(address), rank, dims.ctypes.data, dims.ctypes.data + 8 * rank, *code)
+        if not managed:
+            ral().ral_gpu_free(rt.handle, ctypes.c_void_p(address))
+            raise RuntimeFailure("out of memory exporting a result")
+        return consume(_Exported(managed, (DLPACK_DEVICES[rt.gpu], 0)))
     if span == 0:
         return np.zeros(shape, dtype)
     host = np.empty(span // dtype.itemsize, dtype)
     _copy(ctx, host.ctypes.data, address, span, DEVICE_TO_HOST)
     view = np.lib.stride_tricks.as_strided(host, shape, strides)
     return view if contiguous else view.copy()
+
+
+DLPACK_DEVICES = {"cuda": 2, "rocm": 10}  # DLPack's kDLCUDA, kDLROCM
+_DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # numpy's kinds as DLPack type codes
+
+
+def _dlpack_type(dtype: np.dtype) -> tuple[int, int] | None:
+    """DLPack's (type code, bits) of a dtype; None for one DLPack has no code for (the float8s)."""
+    if dtype == ml_dtypes.bfloat16:
+        return 4, 16
+    code = None if dtype.type.__module__.startswith("ml_dtypes") else _DLPACK_CODES.get(dtype.kind)
+    return None if code is None else (code, dtype.itemsize * 8)
+
+
+# DLPack capsules (prototypes of their own: ctypes.pythonapi's are shared with other code)
+_CAPSULE = b"dltensor"
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(("PyCapsule_New", ctypes.pythonapi))
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule: int) -> None:
+    """A capsule no framework took (those that take one rename it and call its deleter later)."""
+    if _capsule_valid(capsule, _CAPSULE):
+        ral().ral_dlpack_delete(_capsule_pointer(capsule, _CAPSULE))
+
+
+class _Exported:
+    """A device result for a framework's `from_dlpack` (the DLPack protocol): complete on the
+    call's stream (the caller's: torch's current stream; JAX's results are waited for)."""
+
+    def __init__(self, managed: int, device: tuple[int, int]):
+        self._managed, self._device = managed, device
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        managed, self._managed = self._managed, None
+        if managed is None:
+            raise DiscError("this result was exported already")
+        return _capsule_new(managed, _CAPSULE, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+    def __del__(self) -> None:
+        if self._managed is not None:
+            ral().ral_dlpack_delete(self._managed)
 
 
 _load_lock = threading.Lock()
@@ -391,11 +455,11 @@ class Executable:
         self.guard = PackedFunction(self.lib, art.header["guard"], [1]) if art.header["guard"] else None
 
     def run(self, arrays: Sequence[np.ndarray | DeviceArray], stream: int = 0,
-            device_results: Callable[[tuple[int, ...], np.dtype], tuple[Any, int]] | None = None) -> list[Any]:
+            consume: Callable[[_Exported], Any] | None = None, synchronize: bool = False) -> list[Any]:
         """Runs the entry on host arrays, numpy results back. A GPU artifact also takes
-        `DeviceArray`s; host arrays are copied to the device, and results back to the host, or,
-        with `device_results` ((shape, dtype) -> (array, device address)), into device arrays it
-        makes. The launches and copies go on `stream` (a CUstream; 0: the default stream)."""
+        `DeviceArray`s; host arrays are copied to the device, and results back to the host, or
+        given to `consume` (a framework's DLPack import) without a copy. The launches and copies
+        go on `stream` (a CUstream; 0: the default stream); `synchronize`: waited for."""
         arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
                   for a in arrays]  # other byte order: converted
         self.signature.check(arrays)
@@ -414,8 +478,11 @@ class Executable:
             results = self.entry(ctx, args)
             self._check_status(ctx)
             if self.gpu:
-                return [_device_result(ctx, desc, spec.dtype, len(spec.shape), device_results)
+                outs = [_device_result(self.runtime, ctx, desc, spec.dtype, len(spec.shape), consume)
                         for desc, spec in zip(results, self.signature.results)]
+                if synchronize and ral().ral_context_synchronize(ctx) != 0:
+                    raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+                return outs
             return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
 
     def _on_device(self) -> list[DeviceArray]:
@@ -488,34 +555,45 @@ class CompiledFunction:
             if len(leaves) != b.num_flat_args:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
             leaves = [leaves[i] for i in b.kept_args]
-        if kind == "torch" and self._exe.gpu and any(x.is_cuda for x in leaves):
-            outs = self._run_on_cuda(leaves)
+        if self._exe.gpu and any(_on_gpu(x, kind) for x in leaves):
+            outs = self._run_on_gpu(leaves, kind)
         else:
             outs = [_as_kind(o, kind) for o in self._exe.run([_as_numpy(x, kind, spec.dtype) for x, spec in zip(leaves, self.signature.args)])]
         if b.pack_results is not None:
             return b.pack_results(outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _run_on_cuda(self, tensors: list[Any]) -> list[Any]:
-        """CUDA tensors in, CUDA tensors out, on the current stream of the tensors' device."""
-        import torch
+    def _run_on_gpu(self, leaves: list[Any], kind: str) -> list[Any]:
+        """GPU arrays in (torch tensors, or JAX arrays), the same kind out without copies
+        (DLPack): torch's work on the tensors' device's current stream, which the results are
+        complete on; JAX's arrays are waited for before, and the results before they are given
+        back (JAX's own streams have no order to ours). Host arrays among them are copied in."""
+        if kind == "torch":
+            import torch
 
-        device = next(t.device for t in tensors if t.is_cuda)
-        args, keep = [], []  # `keep`: contiguous copies live until the call returns
-        for t, spec in zip(tensors, self.signature.args):
-            if not t.is_cuda:
-                args.append(_as_numpy(t, "torch", spec.dtype))
+            device = next(x.device for x in leaves if x.is_cuda)
+            stream, consume, synchronize = torch.cuda.current_stream(device).cuda_stream, torch.from_dlpack, False
+        else:
+            import jax
+
+            device = next(iter(next(x for x in leaves if _on_gpu(x, kind)).devices()))
+            stream, consume, synchronize = 0, jax.dlpack.from_dlpack, True
+        args, keep = [], []  # `keep`: the arrays read in place live until the call returns
+        for x, spec in zip(leaves, self.signature.args):
+            if not _on_gpu(x, kind):
+                args.append(_as_numpy(x, kind, spec.dtype))
                 continue
-            t = t.detach().contiguous()
-            keep.append(t)
-            args.append(DeviceArray(t.data_ptr(), tuple(t.shape), tuple(t.stride()), _numpy_dtype(t.dtype)))
-
-        def empty(shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, int]:
-            t = torch.empty(shape, dtype=_torch_of(np.empty(0, dtype)).dtype, device=device)
-            return t, t.data_ptr()
-
-        outs = self._exe.run(args, torch.cuda.current_stream(device).cuda_stream, empty)
-        return [o if isinstance(o, torch.Tensor) else torch.from_numpy(o).to(device) for o in outs]
+            if kind == "torch":
+                x = x.detach().contiguous()
+                address, strides, dtype = x.data_ptr(), tuple(x.stride()), _numpy_dtype(x.dtype)
+            else:
+                x = x.block_until_ready()
+                address, dtype = x.unsafe_buffer_pointer(), np.dtype(x.dtype)
+                strides = tuple(math.prod(x.shape[i + 1:]) for i in range(x.ndim))  # JAX arrays: dense, row-major
+            keep.append(x)
+            args.append(DeviceArray(address, tuple(x.shape), strides, dtype))
+        outs = self._exe.run(args, stream, consume, synchronize)
+        return [o if not isinstance(o, np.ndarray) else _to_device(_as_kind(o, kind), kind, device) for o in outs]
 
     @property
     def symbolic_result_shapes(self) -> list[tuple[str, ...]]:
@@ -527,8 +605,8 @@ class CompiledFunction:
         facts collected, and which broadcasts rely on which fact."""
         return self._exe.artifact.header["info"]["shape_report"]
 
-    def memory_stats(self) -> dict[str, int]:
-        return self._exe.runtime.memory_stats()
+    def memory_stats(self, device: str = "host") -> dict[str, int]:
+        return self._exe.runtime.memory_stats(device)
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Per kernel of this function: calls, how many ran on the thread pool ("pool"), behind
@@ -557,9 +635,11 @@ def _numpy_dtype(torch_dtype: Any) -> np.dtype:
 def _as_kind(o: np.ndarray, kind: str) -> Any:
     """A result as the kind of array the arguments were."""
     if kind == "jax":
-        import jax.numpy as jnp
+        import jax
 
-        return jnp.asarray(o)
+        if o.dtype.type.__module__.startswith("ml_dtypes"):  # numpy exports no DLPack for these
+            return jax.numpy.asarray(o)
+        return jax.dlpack.from_dlpack(o)  # shares the buffer where it is aligned as XLA wants (the RAL's are)
     if kind == "torch":
         return _torch_of(o)  # shares the buffer, no copy
     if kind == "tensorflow":
@@ -598,6 +678,22 @@ def _torch_of(o: np.ndarray) -> Any:
     if not isinstance(t, torch.dtype):
         raise DiscError(f"a result of dtype {o.dtype.name} has no torch dtype to be returned as")
     return torch.from_numpy(o.view(np.int16 if o.itemsize == 2 else np.uint8)).view(t)
+
+
+def _on_gpu(x: Any, kind: str) -> bool:
+    """Whether `x` is a torch tensor or a JAX array in GPU memory."""
+    if kind == "torch":
+        return x.is_cuda
+    return kind == "jax" and hasattr(x, "devices") and any(d.platform in ("gpu", "cuda", "rocm") for d in x.devices())
+
+
+def _to_device(x: Any, kind: str, device: Any) -> Any:
+    """A result the runtime gave back in host memory (of a dtype DLPack lacks) on the arguments' GPU."""
+    if kind == "torch":
+        return x.to(device)
+    import jax
+
+    return jax.device_put(x, device)
 
 
 def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:

@@ -226,6 +226,59 @@ def test_host_arguments_are_copied_on_the_calls_stream_and_freed_to_it(fake_cuda
     assert buffers() == first  # both reused on the same stream
 
 
+class _DLTensor(ctypes.Structure):  # dlpack.h's DLManagedTensor
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+def _take_capsule(exported) -> tuple[int, _DLTensor]:
+    """What a framework's from_dlpack does with a result: takes the capsule's tensor (renaming the
+    capsule, so that its destructor leaves it alone)."""
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
+    rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_SetName", ctypes.pythonapi))
+    assert exported.__dlpack_device__() == (2, 0)  # kDLCUDA, the first GPU
+    capsule = exported.__dlpack__(stream=None)
+    address = get(capsule, b"dltensor")
+    rename(capsule, b"used_dltensor")
+    return address, _DLTensor.from_address(address)
+
+
+def test_device_results_are_handed_over_through_dlpack(fake_cuda, monkeypatch, tmp_path):
+    """Results for a framework's DLPack import (torch CUDA tensors, JAX GPU arrays in): the
+    call's own buffer without a copy, or a copy of an argument returned as it is; each described
+    by its capsule (device, type, shape, strides) and given back to the runtime when the
+    framework's deleter runs, or when nobody takes it."""
+    from disc_stablehlo.runtime import ral
+
+    b = jax.export.symbolic_shape("b")[0]
+    f = _on_fake_gpu(disc.compile(lambda x, w: (x @ w, x), jax.ShapeDtypeStruct((b, 3), jnp.float32),
+                                  jax.ShapeDtypeStruct((3, 4), jnp.float32), target="cuda"), fake_cuda, monkeypatch, tmp_path)
+    exe = f._exe
+    x, w = np.arange(15, dtype=np.float32).reshape(5, 3), np.ones((3, 4), np.float32)
+    exe.run([x, w])  # the GPU attached
+    rt = exe.runtime
+    dx = rt.to_device(x)  # a caller's device array (a torch CUDA tensor)
+    base = rt.memory_stats("gpu")["bytes_in_use"]
+    (a, ta), (c, tc) = exe.run([dx, w], consume=_take_capsule)
+    assert (ta.device_type, ta.ndim, ta.code, ta.bits, ta.lanes, ta.byte_offset) == (2, 2, 2, 32, 1, 0)  # float32
+    assert [ta.shape[i] for i in range(2)] == [5, 4] and [ta.strides[i] for i in range(2)] == [4, 1]
+    got = np.ctypeslib.as_array(ctypes.cast(ta.data, ctypes.POINTER(ctypes.c_float)), (5, 4))
+    np.testing.assert_array_equal(got, x @ w)  # what the (fake) cuBLAS wrote, in place
+    assert tc.data != dx.address and [tc.shape[i] for i in range(2)] == [5, 3]  # the argument returned: a copy
+    assert bytes((ctypes.c_char * 60).from_address(tc.data)) == x.tobytes()
+    assert rt.memory_stats("gpu")["bytes_in_use"] > base  # held by their consumers
+    for address in (a, c):
+        ral().ral_dlpack_delete(address)  # the consumers' deleters
+    assert rt.memory_stats("gpu")["bytes_in_use"] == base
+    exe.run([dx, w], consume=lambda exported: exported.__dlpack__())  # capsules nobody takes
+    import gc
+
+    gc.collect()
+    assert rt.memory_stats("gpu")["bytes_in_use"] == base
+
+
 def _cuda_gpu() -> bool:
     try:
         lib = ctypes.CDLL("libcuda.so.1")

@@ -1,14 +1,18 @@
 """A BERT-base encoder layer (hidden 768, 12 heads, FFN 3072, f32) on a CUDA GPU: disc_stablehlo
-against torch eager and torch.compile(dynamic=True) over the same weights, TF32 off for everyone.
+against torch eager, torch.compile(dynamic=True), jax.jit (a compilation per shape) and jax.jit
+over padded buckets, over the same weights, TF32 off for everyone.
 
     python benchmarks/gpu/encoder_layer.py prepare DIR     # here: compile for cuda, save artifact + weights
     python benchmarks/gpu/encoder_layer.py run DIR         # on the GPU machine (no MLIR there)
 
-`run` times each peer alike with CUDA events, inputs already on the GPU as CUDA tensors, results
-as CUDA tensors: steady state at three shapes (median of 20 calls after 5 warm-up calls, the same
-for every peer), and a 150-request trace of random (batch, seq) end to end, torch.compile's
-compilations included (disc_stablehlo's compilation happened once, in `prepare`: its time is
-printed there and added to its trace total). Prints a JSON summary line last."""
+`run` times each peer alike, inputs already on the GPU in the peer's own arrays (CUDA tensors for
+the torch peers and disc_stablehlo, JAX arrays for the JAX peers and for disc_stablehlo called
+with them), results on the GPU in the same kind: steady state at three shapes (median of 20
+calls after 5 warm-up calls, the same for every peer; CUDA events for the peers on torch's
+stream, and wall clock from a synchronised start to a synchronised end for everyone), and a
+150-request trace of random (batch, seq) end to end, every compilation included
+(disc_stablehlo's happened once, in `prepare`: its time is printed there and added to its trace
+total). Prints a JSON summary line last."""
 
 from __future__ import annotations
 
@@ -61,59 +65,107 @@ def _time(call, reps: int, warm: int) -> float:
     return float(np.median(times))
 
 
+def _wall(call, reps: int, warm: int) -> float:
+    """Median ms of `call` from a synchronised start to its synchronised end (`call` waits)."""
+    for _ in range(warm):
+        call()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
+def _bucket(n: int, sizes: list[int]) -> int:
+    return next(s for s in sizes if s >= n)
+
+
 def run(folder: Path) -> None:
+    import jax
     import torch
 
     import disc_stablehlo as disc
-    from encoder import encoder_inputs, torch_encoder
+    from encoder import encoder_inputs, encoder_layer, torch_encoder
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    jax.config.update("jax_default_matmul_precision", "highest")  # no TF32 in JAX's GEMMs either
     meta = json.loads((folder / "encoder.json").read_text())
     with np.load(folder / "weights.npz") as w:
         params = {k: w[k] for k in w.files}
     dev = torch.device("cuda")
     weights = [torch.from_numpy(params[k]).to(dev) for k in meta["order"]]
+    jax_params = jax.device_put(params, jax.devices("gpu")[0])
+    jax_weights = [jax_params[k] for k in meta["order"]]
     f = disc.load(folder / "encoder.disc")
     eager = torch_encoder(params, HEADS, "cuda")
     compiled = torch.compile(torch_encoder(params, HEADS, "cuda"), dynamic=True)
-    peers = {"disc_stablehlo": lambda x, m: f(x, m, *weights), "torch eager": eager, "torch.compile": compiled}
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, load {os.getloadavg()[0]:.2f}", flush=True)
+    jitted = jax.jit(lambda x, m, p: encoder_layer(x, m, p, HEADS))
 
-    def inputs(b: int, s: int):
+    def buckets(x, m):  # batch padded to a power of two, seq to a multiple of 64; padded keys masked out
+        b, s = x.shape[:2]
+        pb, ps = _bucket(b, [1, 2, 4, 8, 16]), _bucket(s, [64, 128, 192, 256])
+        xp = jax.numpy.pad(x, ((0, pb - b), (0, ps - s), (0, 0)))
+        mp = jax.numpy.pad(m, ((0, pb - b), (0, ps - s)), constant_values=-1e9)
+        return jitted(xp, mp, jax_params)[:b, :s]
+
+    torch_peers = {"disc_stablehlo": lambda x, m: f(x, m, *weights), "torch eager": eager, "torch.compile": compiled}
+    jax_peers = {"disc_stablehlo (jax arrays)": lambda x, m: f(x, m, *jax_weights),
+                 "jax.jit": lambda x, m: jitted(x, m, jax_params), "jax.jit buckets": buckets}
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, jax {jax.__version__}, "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+
+    def inputs(b: int, s: int, kind: str):
         x, m = encoder_inputs(b, s, hidden=HIDDEN)
+        if kind == "jax":
+            return jax.device_put(x, jax.devices("gpu")[0]), jax.device_put(m, jax.devices("gpu")[0])
         return torch.from_numpy(x).to(dev), torch.from_numpy(m).to(dev)
 
-    # end to end over a trace (first: torch.compile's compilations happen here)
+    def waited(peer, kind):  # the call, then its work done
+        if kind == "jax":
+            return lambda x, m: jax.block_until_ready(peer(x, m))
+        return lambda x, m: (peer(x, m), torch.cuda.synchronize())
+
+    # end to end over a trace (first: torch.compile's and jax.jit's compilations happen here)
     rng = np.random.default_rng(0)
     trace = [(int(rng.integers(1, 17)), int(rng.integers(8, 257))) for _ in range(150)]
-    data = [inputs(b, s) for b, s in trace]
+    data = {kind: [inputs(b, s, kind) for b, s in trace] for kind in ("torch", "jax")}
+    peers = {**{n: (p, "torch") for n, p in torch_peers.items()}, **{n: (p, "jax") for n, p in jax_peers.items()}}
     totals = {}
     with torch.no_grad():
-        for name, peer in peers.items():
+        for name, (peer, kind) in peers.items():
             torch.cuda.synchronize()
             start = time.perf_counter()
-            for x, m in data:
-                peer(x, m)
-            torch.cuda.synchronize()
-            totals[name] = time.perf_counter() - start + (meta["compile_s"] if name == "disc_stablehlo" else 0.0)
+            for x, m in data[kind]:
+                out = peer(x, m)
+            jax.block_until_ready(out) if kind == "jax" else torch.cuda.synchronize()
+            totals[name] = time.perf_counter() - start + (meta["compile_s"] if name.startswith("disc_stablehlo") else 0.0)
             print(f"trace {name}: {totals[name]:.3f} s end to end", flush=True)
-        x, m = inputs(4, 100)
-        diff = float((peers["disc_stablehlo"](x, m) - eager(x, m)).abs().max())
-        print(f"max |disc - eager| at (4, 100): {diff:.2e}", flush=True)
-        steady = {}
+        x, m = inputs(4, 100, "torch")
+        diff = float((torch_peers["disc_stablehlo"](x, m) - eager(x, m)).abs().max())
+        xj, mj = inputs(4, 100, "jax")
+        diff_jax = float(jax.numpy.abs(jax_peers["disc_stablehlo (jax arrays)"](xj, mj) - jax_peers["jax.jit"](xj, mj)).max())
+        print(f"max |disc - eager| at (4, 100): {diff:.2e}; max |disc - jax.jit| with jax arrays: {diff_jax:.2e}", flush=True)
+        steady, steady_wall = {}, {}
         for b, s in SHAPES:
-            x, m = inputs(b, s)
-            steady[f"{b}x{s}"] = {name: _time(lambda p=peer: p(x, m), 20, 5) for name, peer in peers.items()}
-            print(f"steady ({b}, {s}): " + ", ".join(f"{n} {t:.3f} ms" for n, t in steady[f'{b}x{s}'].items()), flush=True)
+            x, m = inputs(b, s, "torch")
+            xj, mj = inputs(b, s, "jax")
+            steady[f"{b}x{s}"] = {name: _time(lambda p=peer: p(x, m), 20, 5) for name, peer in torch_peers.items()}
+            steady_wall[f"{b}x{s}"] = {name: _wall(lambda p=waited(peer, kind), a=(x, m) if kind == "torch" else (xj, mj): p(*a), 20, 5)
+                                       for name, (peer, kind) in peers.items()}
+            print(f"steady ({b}, {s}), CUDA events: " + ", ".join(f"{n} {t:.3f} ms" for n, t in steady[f'{b}x{s}'].items()), flush=True)
+            print(f"steady ({b}, {s}), wall clock: " + ", ".join(f"{n} {t:.3f} ms" for n, t in steady_wall[f'{b}x{s}'].items()),
+                  flush=True)
         # where disc_stablehlo's time goes at the largest shape: every kernel (ours and cuBLAS's), by CUPTI
-        x, m = inputs(*SHAPES[-1])
+        x, m = inputs(*SHAPES[-1], "torch")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                peers["disc_stablehlo"](x, m)
+                torch_peers["disc_stablehlo"](x, m)
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
-    print(json.dumps({"device": torch.cuda.get_device_name(0), "trace_s": totals, "steady_ms": steady, "max_diff": diff,
+    print(json.dumps({"device": torch.cuda.get_device_name(0), "trace_s": totals, "steady_ms": steady,
+                      "steady_wall_ms": steady_wall, "max_diff": diff, "max_diff_jax": diff_jax,
                       "disc_compile_s": meta["compile_s"], "disc_kernels": len(meta["kernels"])}))
 
 

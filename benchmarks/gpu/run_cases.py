@@ -1,7 +1,8 @@
 """Runs the artifacts `prepare.py` wrote on this machine's GPU, with only the runtime side of the
 package (no MLIR, no LLVM): each program at its three shapes, with numpy arguments (copied to the
-device and back) and with CUDA tensors (on the caller's stream, results as CUDA tensors), compared
-with jax.jit's outputs computed where the artifacts were compiled.
+device and back), with CUDA tensors (on the caller's stream, results as CUDA tensors) and with
+JAX GPU arrays (results as JAX GPU arrays), compared with jax.jit's outputs computed where the
+artifacts were compiled.
 
     DISC_RAL_DIR=<ral build> python benchmarks/gpu/run_cases.py CASES_DIR
 
@@ -19,13 +20,17 @@ import numpy as np
 
 
 def main() -> int:
+    import jax
     import torch
 
     import disc_stablehlo as disc
 
     folder = Path(sys.argv[1])
     index = json.loads((folder / "index.json").read_text())
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    jax.config.update("jax_enable_x64", True)  # float64 and int64 arguments stay what they are
+    gpu = jax.devices("gpu")[0]
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}, jax {jax.__version__}",
+          flush=True)
     failed = []
     for case in index:
         name, tol = case["name"], case["tol"]
@@ -38,12 +43,16 @@ def main() -> int:
                     inputs = [data[f"in{i}"] for i in range(sum(1 for n in data.files if n.startswith("in")))]
                     want = [data[f"out{i}"] for i in range(sum(1 for n in data.files if n.startswith("out")))]
                     dtypes = [str(d) for d in data["dtypes"]]
-                for mode in ("numpy", "cuda"):
+                for mode in ("numpy", "cuda", "jax"):
                     if mode == "numpy":
                         got = f(*inputs)
-                    else:
+                    elif mode == "cuda":
                         got = f(*[torch.from_numpy(np.array(x)).cuda() for x in inputs])  # np.array keeps rank 0
                         torch.cuda.synchronize()
+                    else:
+                        got = f(*[jax.device_put(x, gpu) for x in inputs])
+                        kinds = {type(g).__module__.split(".")[0] for g in jax.tree_util.tree_leaves(got)}
+                        assert kinds <= {"jax", "jaxlib"} and all(g.devices() == {gpu} for g in jax.tree_util.tree_leaves(got)), kinds
                     got = [got] if not isinstance(got, (tuple, list)) else list(got)
                     for g, w, dtype in zip(got, want, dtypes):
                         if mode == "cuda":  # numpy has no bfloat16 of torch's: compared as float32
@@ -55,7 +64,7 @@ def main() -> int:
                         np.testing.assert_allclose(g.astype(w.dtype), w, rtol=tol, atol=tol, err_msg=f"{mode} at {case['envs'][k]}")
                         if w.size and np.issubdtype(w.dtype, np.number):
                             worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-            print(f"PASS {name}: {case['shapes']} shapes x (numpy, cuda tensors), max abs error {worst:.2e}, "
+            print(f"PASS {name}: {case['shapes']} shapes x (numpy, cuda tensors, jax arrays), max abs error {worst:.2e}, "
                   f"{time.perf_counter() - start:.2f} s", flush=True)
         except Exception as e:  # noqa: BLE001  (every program is tried and reported)
             failed.append(name)

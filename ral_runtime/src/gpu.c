@@ -728,6 +728,63 @@ void ral_gpu_free(ral_runtime *rt, void *ptr) {
   if (g && ptr) gpu_put(g, ptr);
 }
 
+/* DLPack's DLManagedTensor (dlpack.h; the layout is stable since DLPack 0.2) */
+typedef struct dl_managed {
+  struct {
+    void *data;
+    struct {
+      int32_t device_type, device_id;
+    } device;
+    int32_t ndim;
+    struct {
+      uint8_t code, bits;
+      uint16_t lanes;
+    } dtype;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+  } tensor;
+  void *manager_ctx; /* the runtime */
+  void (*deleter)(struct dl_managed *self);
+  int64_t dims[]; /* shape, then strides */
+} dl_managed;
+
+enum { DL_CUDA = 2, DL_ROCM = 10 };
+
+static void dl_delete(dl_managed *self) {
+  ral_runtime *rt = self->manager_ctx;
+  ral_gpu_free(rt, self->tensor.data);
+  free(self);
+  ral_runtime_destroy(rt); /* the export's reference */
+}
+
+void *ral_gpu_dlpack(ral_runtime *rt, void *ptr, int32_t ndim, const int64_t *shape, const int64_t *strides, uint8_t code,
+                     uint8_t bits) {
+  ral_gpu *g = runtime_gpu(rt);
+  if (!g || ndim < 0) return NULL;
+  dl_managed *m = calloc(1, sizeof *m + 2 * (size_t)ndim * sizeof(int64_t));
+  if (!m) return NULL;
+  memcpy(m->dims, shape, (size_t)ndim * sizeof(int64_t));
+  memcpy(m->dims + ndim, strides, (size_t)ndim * sizeof(int64_t));
+  m->tensor.data = ptr;
+  m->tensor.device.device_type = g->api == API_HIP ? DL_ROCM : DL_CUDA;
+  m->tensor.device.device_id = g->ordinal;
+  m->tensor.ndim = ndim;
+  m->tensor.dtype.code = code;
+  m->tensor.dtype.bits = bits;
+  m->tensor.dtype.lanes = 1;
+  m->tensor.shape = m->dims;
+  m->tensor.strides = m->dims + ndim;
+  m->manager_ctx = rt;
+  m->deleter = dl_delete;
+  runtime_retain(rt);
+  return m;
+}
+
+void ral_dlpack_delete(void *managed) {
+  dl_managed *m = managed;
+  if (m && m->deleter) m->deleter(m);
+}
+
 ral_status ral_gpu_copy(ral_context *ctx, void *dst, const void *src, size_t bytes, int direction) {
   static const int calls[] = {CALL_cuMemcpyHtoDAsync, CALL_cuMemcpyDtoHAsync, CALL_cuMemcpyDtoDAsync};
   if (direction < RAL_COPY_HOST_TO_DEVICE || direction > RAL_COPY_DEVICE_TO_DEVICE)

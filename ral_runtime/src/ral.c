@@ -227,6 +227,7 @@ struct ral_runtime {
   ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS does every product */
   int64_t l2_bytes;                /* one core's L2 cache */
   _Atomic(ral_gpu *) gpu;          /* NULL: no GPU enabled */
+  atomic_int refs;                 /* the owner's, and one per device buffer exported (ral_gpu_dlpack) */
 };
 
 int ral_abi_version(void) { return RAL_ABI_VERSION; }
@@ -258,6 +259,7 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     return RAL_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_init(&rt->alloc.lock, NULL);
+  atomic_init(&rt->refs, 1);
   if (blas_path && blas_path[0]) {
     rt->blas = dlopen(blas_path, RTLD_NOW | RTLD_LOCAL);
     if (!rt->blas) {
@@ -300,8 +302,10 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
   return RAL_OK;
 }
 
+void runtime_retain(ral_runtime *rt) { atomic_fetch_add(&rt->refs, 1); }
+
 void ral_runtime_destroy(ral_runtime *rt) {
-  if (!rt) return;
+  if (!rt || atomic_fetch_sub(&rt->refs, 1) > 1) return;
   if (rt->pool.workers) pool_stop(&rt->pool);
   if (runtime_gpu(rt)) gpu_destroy(runtime_gpu(rt));
   allocator_release_all(&rt->alloc);

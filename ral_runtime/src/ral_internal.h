@@ -37,6 +37,9 @@ RAL_INTERNAL void context_exit(ral_context *ctx);
 /* Sets the message ral_runtime_create_error returns on this thread. */
 RAL_INTERNAL void runtime_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* One more reference to the runtime: ral_runtime_destroy frees it at the last one. */
+RAL_INTERNAL void runtime_retain(ral_runtime *rt);
+
 /* The runtime's GPU device (gpu.c): NULL until ral_runtime_enable_gpu. */
 typedef struct ral_gpu ral_gpu;
 RAL_INTERNAL ral_gpu *runtime_gpu(const ral_runtime *rt);

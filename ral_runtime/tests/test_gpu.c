@@ -503,6 +503,38 @@ static void test_without_cublas(void) {
   CHECK(fake_cuda_count("live") == 0 && fake_cuda_count("primary_refs") == 0);
 }
 
+/* DLManagedTensor's fields as dlpack.h lays them out */
+typedef struct {
+  void *data;
+  int32_t device_type, device_id, ndim;
+  uint8_t code, bits;
+  uint16_t lanes;
+  int64_t *shape, *strides;
+  uint64_t byte_offset;
+  void *manager_ctx;
+  void (*deleter)(void *self);
+} dl_tensor;
+
+/* A buffer exported through DLPack outlives the runtime's owner: the runtime (device memory,
+ * primary context) goes when the last deleter has run. */
+static void test_dlpack(void) {
+  ral_runtime *rt;
+  CHECK(ral_runtime_create(NULL, 1, &rt) == RAL_OK);
+  void *p;
+  CHECK(ral_gpu_dlpack(rt, NULL, 0, NULL, NULL, 2, 32) == NULL); /* no GPU */
+  CHECK(ral_runtime_enable_gpu(rt, fake, fake, 0) == RAL_OK);
+  CHECK(ral_gpu_alloc(rt, 24, &p) == RAL_OK);
+  int64_t shape[2] = {2, 3}, strides[2] = {3, 1};
+  dl_tensor *t = ral_gpu_dlpack(rt, p, 2, shape, strides, 2, 32);
+  CHECK(t && t->data == p && t->device_type == API(2, 10) && t->device_id == 0 && t->ndim == 2);
+  CHECK(t->code == 2 && t->bits == 32 && t->lanes == 1 && t->byte_offset == 0);
+  CHECK(t->shape[0] == 2 && t->shape[1] == 3 && t->strides[0] == 3 && t->strides[1] == 1);
+  ral_runtime_destroy(rt);
+  CHECK(fake_cuda_count("primary_refs") == 1 && fake_cuda_count("live") > 0); /* still there for the export */
+  ral_dlpack_delete(t);
+  CHECK(fake_cuda_count("live") == 0 && fake_cuda_count("primary_refs") == 0);
+}
+
 static void test_without_gpu(void) {
   ral_runtime *rt;
   CHECK(ral_runtime_create(NULL, 1, &rt) == RAL_OK);
@@ -559,6 +591,7 @@ int main(void) {
   CHECK(fake_cuda_count("live") == 0 && fake_cuda_count("modules") == 0 && fake_cuda_count("handles") == 0 &&
         fake_cuda_count("primary_refs") == 0);
   test_without_cublas();
+  test_dlpack();
   test_without_gpu();
   test_other_api();
   printf("%d passed, %d failed\n", checks - failures, failures);

@@ -244,6 +244,17 @@ ral_status ral_gpu_alloc(ral_runtime *rt, size_t bytes, void **out);
  * ral_context_take. Other pointers are ignored. */
 void ral_gpu_free(ral_runtime *rt, void *ptr);
 
+/* A device buffer the caller owns (ral_gpu_alloc's, or one taken from a context) handed to
+ * another framework without a copy: a DLPack DLManagedTensor (dlpack.h's layout) on the runtime's
+ * device (kDLCUDA or kDLROCM) over `ndim` dims of `shape` and `strides` (in elements), of DLPack
+ * type (`code`, `bits`). Its deleter gives the buffer back (ral_gpu_free); the runtime lives until
+ * then (ral_runtime_destroy waits for every exported buffer's deleter). NULL without a GPU or
+ * memory. */
+void *ral_gpu_dlpack(ral_runtime *rt, void *ptr, int32_t ndim, const int64_t *shape, const int64_t *strides, uint8_t code,
+                     uint8_t bits);
+/* Calls the deleter of a DLManagedTensor (one nobody took). */
+void ral_dlpack_delete(void *managed);
+
 enum { RAL_COPY_HOST_TO_DEVICE = 0, RAL_COPY_DEVICE_TO_HOST = 1, RAL_COPY_DEVICE_TO_DEVICE = 2 };
 /* Copies `bytes` on the context's stream. Host to device: pageable host memory may be reused on
  * return, page-locked memory only once the stream has done the copy. Device to host waits for the
