@@ -73,6 +73,10 @@ def main() -> int:
     elif cmd == "test":
         run(PY, "-m", "ruff", "check", "disc_stablehlo", "tests", "benchmarks", "dev.py", cwd=ROOT)
         c_tests()
+        # ROCm's device math library for the ROCm kernels the tests compile (no ROCm on this machine)
+        libs = ROOT / "build" / "rocm-device-libs"
+        run(PY, "-c", f"from disc_stablehlo.targets import rocm; rocm.fetch_device_library({str(libs)!r})")
+        env["DISC_ROCM_DEVICE_LIBS"] = str(libs)
         # tests/tensorflow (they import TensorFlow) run as a session of their own: TensorFlow and
         # triton (in CUDA builds of torch) crash in one process. Arguments: one session with them.
         sessions = [sys.argv[2:]] if sys.argv[2:] else [["--ignore", "tests/tensorflow"], ["tests/tensorflow"]]

@@ -149,6 +149,12 @@ def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
         save_temp(f"after_{stage.replace(' ', '_')}.mlir", str(module))
 
 
+def llvm_string(name: str, text: str) -> str:
+    """An LLVM global named `name` holding `text` as a C string (an error message for the RAL)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'llvm.mlir.global internal constant @{name}("{escaped}\\00") {{addr_space = 0 : i32}}'
+
+
 def save_temp(name: str, text: str) -> str:
     folder = os.environ["DISC_SAVE_TEMPS"]
     os.makedirs(folder, exist_ok=True)

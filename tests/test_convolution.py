@@ -248,3 +248,26 @@ def test_jax_grouped_convolution_in_nhwc():
         for got, want in zip(f(x), jax.jit(fn)(x)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert gemm_calls(f) == 0 and "reduction" not in " ".join(_kinds(f))
+
+
+@pytest.mark.parametrize("layout, kernel, groups", [
+    (("NCHW", "OIHW", "NCHW"), (8, 4, 3, 3), 1),   # the RAL's convolution, its padding from the shapes
+    (("NHWC", "HWIO", "NHWC"), (3, 3, 4, 8), 1),   # patches x kernel
+    (("NHWC", "HWIO", "NHWC"), (5, 5, 1, 4), 4),   # depthwise: the window's products summed
+])
+def test_same_padding_over_dynamic_image_sizes(layout, kernel, groups):
+    """JAX's "SAME" padding with strides over symbolic image sizes is a dynamic_conv: the padding
+    is computed from the sizes at run time (odd and even sizes pad differently)."""
+    h, w_ = export.symbolic_shape("h, w")
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(kernel).astype(np.float32)
+    shape = (2, 4, h, w_) if layout[0] == "NCHW" else (2, h, w_, 4)
+
+    def fn(x):
+        return jax.lax.conv_general_dilated(x, weights, (2, 3), "SAME", dimension_numbers=layout, feature_group_count=groups)
+
+    assert "dynamic_conv" in export.export(jax.jit(fn))(jax.ShapeDtypeStruct(shape, jnp.float32)).mlir_module()
+    f = disc.compile(fn, jax.ShapeDtypeStruct(shape, jnp.float32))
+    for size in [(7, 9), (8, 8), (1, 2), (16, 31)]:
+        x = rng.standard_normal([2, 4, *size] if layout[0] == "NCHW" else [2, *size, 4]).astype(np.float32)
+        np.testing.assert_allclose(f(x), jax.jit(fn)(x), rtol=1e-4, atol=1e-4, err_msg=str(size))

@@ -48,6 +48,45 @@ def test_every_jax_program_compiles_for_rocm(chip):
         assert header["target"]["chip"] == chip and header["info"]["device_code"]["hsaco_bytes"] > 0, name
 
 
+@needs_ptxas
+@pytest.mark.parametrize("target", ["cuda:sm_90", "rocm:gfx942"])
+def test_bit_counts_of_every_integer_width_compile(target):
+    """popcnt and count_leading_zeros, which the GPU lowerings leave to the caller: LLVM's
+    intrinsics, narrow integers counted in 32 bits."""
+    for dtype in (jnp.int8, jnp.uint16, jnp.int32, jnp.int64):
+        f = disc.compile(lambda x: (jax.lax.population_count(x), jax.lax.clz(x)), jax.ShapeDtypeStruct((16,), dtype), target=target)
+        assert any({"math.ctpop", "math.ctlz"} <= set(k.ops) for k in f.kernels), (dtype, f.kernels)
+
+
+def test_rocm_math_comes_from_the_device_library_or_is_named_missing(monkeypatch):
+    """Without ROCm's device library, f32 math is the compiler's own (expanded, or AMDGPU
+    intrinsics) and f64 math a CompileError naming the functions and where the library is looked
+    for; with it (ocml.bc: $DISC_ROCM_DEVICE_LIBS, set by dev.py's test run), every math function
+    links in and the code object has no undefined symbol."""
+    import jax
+
+    from disc_stablehlo.targets import rocm_math_library
+
+    library = rocm_math_library()
+    specs = [jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((8,), jnp.float64)]
+
+    def fn(x, y):
+        return jnp.exp(x) * jnp.arctan2(x, x), jnp.log1p(y) + jnp.sin(y)
+
+    monkeypatch.setenv("DISC_ROCM_DEVICE_LIBS", "")
+    monkeypatch.setenv("ROCM_PATH", "/nonexistent")
+    if rocm_math_library():
+        pytest.skip("this machine has ROCm at /opt/rocm: the library is always found")
+    disc.compile(lambda x: jnp.exp(x) * jnp.tanh(x), specs[0], target="rocm:gfx942")
+    with pytest.raises(disc.CompileError, match="__ocml_log1p_f64.*DISC_ROCM_DEVICE_LIBS"):
+        disc.compile(fn, *specs, target="rocm:gfx942")
+    if not library:
+        pytest.skip("no ocml.bc (dev.py test fetches one into build/rocm-device-libs)")
+    monkeypatch.setenv("DISC_ROCM_DEVICE_LIBS", str(Path(library).parent))
+    f = disc.compile(fn, *specs, target="rocm:gfx942")
+    assert f._exe.artifact.header["info"]["device_code"]["hsaco_bytes"] > 0
+
+
 def _fake(folder: Path, api: str) -> str:
     path = folder / f"libfake_{api}.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", *(["-DFAKE_HIP"] if api == "hip" else []), "-o", str(path),

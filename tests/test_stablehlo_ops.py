@@ -189,6 +189,8 @@ def test_reduce_precision_rounds_like_the_narrower_formats_at_any_dims():
     ("f32", "f64", (np.arange(6, dtype=np.float32) + 0.5).reshape(3, 2)),
     ("i8", "i32", np.arange(-8, 8, dtype=np.int8).reshape(4, 4)),
     ("complex<f32>", "complex<f64>", np.array([[1 + 2j, 3 - 4j]], np.complex64)),
+    ("ui64", "ui32", np.array([2**64 - 1, 2**40 + 5], np.uint64)),  # unsigned: a random generator's state
+    ("ui16", "f32", np.arange(8, dtype=np.uint16).reshape(4, 2)),
 ])
 def test_bitcasts_that_split_or_join_elements(src, dst, value):
     """A bitcast to a narrower type splits each element into the result's last dim, lowest bits
@@ -197,7 +199,7 @@ def test_bitcasts_that_split_or_join_elements(src, dst, value):
     split = value.ndim == 1
     src_t = f"tensor<?x{src}>" if split else f"tensor<?x{value.shape[1]}x{src}>"
     want = (value[:, None] if split else value).view({"f32": np.float32, "f64": np.float64, "complex<f32>": np.complex64, "complex<f64>": np.complex128,
-                       "i32": np.int32}[dst])
+                       "i32": np.int32, "ui32": np.uint32}[dst])
     dst_t = f"tensor<?x{want.shape[1]}x{dst}>" if split else f"tensor<?x{dst}>"
     f = disc.compile(f"""func.func @main(%a: {src_t}) -> {dst_t} {{
       %0 = stablehlo.bitcast_convert %a : ({src_t}) -> {dst_t}

@@ -235,6 +235,17 @@ def test_dim_range_is_a_guard():
         compiled(torch.randn(1, 16))
 
 
+def test_derived_dims_are_checked_on_entry():
+    """`2 * Dim("h")`: a size that is no whole multiple is a ShapeError (the variable is not
+    silently its floor division), as is one whose variable breaks the range."""
+    compiled = disc.compile(CNN().eval(), (torch.randn(2, 3, 8, 8),), dynamic_shapes={"x": {2: 2 * Dim("h", min=2, max=64), 3: 2 * Dim("w", min=2, max=64)}})
+    assert compiled(torch.randn(2, 3, 6, 10)).shape == (2, 4)
+    with pytest.raises(disc.ShapeError, match=r"argument 'x' dim 2 is 7, which is not 2\*h for any whole h"):
+        compiled(torch.randn(2, 3, 7, 8))
+    with pytest.raises(disc.ShapeError, match=r"'2\*h >= 4' \(torch.export\) violated: h = 1"):
+        compiled(torch.randn(2, 3, 2, 8))
+
+
 def test_example_inputs_that_are_one_tensor_stay_separate_arguments():
     """torch.export binds the uses of aliasing inputs to the last one; the frontend copies them first."""
     class Model(torch.nn.Module):

@@ -44,6 +44,9 @@ class ShapeFacts:
         self.upper: dict[str, int] = {}
         self.divisor: dict[str, int] = {}
         self.facts: list[Fact] = []
+        # what the ops' semantics made equal that nothing proved: (a, b, why, where), checked at run time
+        self.assumed: list[tuple[Dim, Dim, str, str]] = []
+        self.site = ""  # the op the analysis is at (its location), while it walks the program
 
     def canon(self, d: Dim) -> Dim:
         for _ in range(16):  # substitutions are acyclic; the bound only guards against mistakes
@@ -60,6 +63,8 @@ class ShapeFacts:
         a, b = self.canon(a), self.canon(b)
         if a == b:
             return
+        if self.site:
+            self.assumed.append((a, b, why, self.site))
         # a common constant factor cancels (768*x == 768*b*s: x == b*s)
         common = math.gcd(*a.terms.values(), *b.terms.values())
         if common > 1:
@@ -129,6 +134,7 @@ class ShapeAnalysis:
     broadcasts: list[BroadcastDecision]
     variables: dict[str, list[str]]           # variable -> where it is read ("x dim 0")
     uses: list[str] = dataclasses.field(default_factory=list)  # what later passes did with the facts
+    checks: list[str] = dataclasses.field(default_factory=list)  # contracts checked at run time (emit_contract_checks)
 
     def dims_text(self, dims: list[Dim]) -> str:
         return "[" + ", ".join(str(self.facts.canon(d)) for d in dims) + "]"
@@ -158,6 +164,8 @@ class ShapeAnalysis:
                          f"checked at run time {b.runtime_checked}" + (f"; relies on {'; '.join(b.reasons)}" if b.reasons else ""))
         if not self.broadcasts:
             lines.append("  (none)")
+        lines.append("checked at run time, before any kernel (what the ops assume of the arguments' dims):")
+        lines += [f"  {c}" for c in self.checks] or ["  (nothing: the facts prove every op's contract)"]
         lines.append("used by the compiler:")
         lines += [f"  {u}" for u in self.uses] or ["  (nothing beyond the broadcasts)"]
         lines.append("intermediate values:")
@@ -206,6 +214,7 @@ class _Walker:
         for op in block.operations:
             op = op.operation
             rule = _RULES.get(op.name)
+            self.facts.site = f"{op.name} at {location_text(op)}"
             out = rule(self, op) if rule else None
             out = out or self.result_dims(op)
             for r, d in zip(op.results, out):
@@ -396,7 +405,7 @@ def _broadcast(w: _Walker, op: ir.Operation):
     out = w.result_dims(op)[0]
     for i, od in enumerate(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])):
         d = w.of(op.operands[0])[i]
-        if d.constant != 1:
+        if w.facts.is_one(d) is False:  # a dim that may be 1 expands then (the lowering checks it is 1 or the result's)
             w.facts.union(d, out[od], "broadcast_in_dim")
     return [out]
 
@@ -736,6 +745,7 @@ def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> Sha
         w.dims[arg] = dims
         args.append((spec.name, dims))
     w.run(block)
+    facts.site = ""
     _rebuild_shape_operands(w, block)
     ret = block.operations[len(block.operations) - 1]
     results = [w.of(v) for v in ret.operands]
@@ -746,31 +756,41 @@ def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> Sha
 _SHAPE_OPERAND = {"stablehlo.dynamic_reshape": 1, "stablehlo.dynamic_broadcast_in_dim": 1, "stablehlo.dynamic_iota": 0}
 
 
+def _argument_dims(dims: dict[ir.Value, list[Dim]], facts: ShapeFacts, block: ir.Block) -> dict[str, tuple[ir.Value, int]]:
+    """The first argument dim that holds each (representative) dimension variable."""
+    found: dict[str, tuple[ir.Value, int]] = {}
+    for arg in block.arguments:
+        for i, d in enumerate(dims.get(arg, [])):
+            c = facts.canon(d)
+            if _is_var(c):
+                found.setdefault(str(c), (arg, i))
+    return found
+
+
+def dim_value(d: Dim, var_dim: dict[str, tuple[ir.Value, int]]) -> ir.Value | None:
+    """`d` as an index value computed from the arguments' dims (at the current insertion point),
+    or None when a variable of it is no argument's dim."""
+    index = ir.IndexType.get()
+    total = None
+    for mono, coeff in sorted(d.terms.items()):
+        if any(v not in var_dim for v in mono):
+            return None
+        factors = [create_value("memref.dim" if isinstance(arg.type, ir.MemRefType) else "tensor.dim", [arg, index_constant(i)], index)
+                   for arg, i in (var_dim[v] for v in mono)]
+        if coeff != 1 or not factors:
+            factors.insert(0, index_constant(coeff))
+        term = functools.reduce(lambda a, b: create_value("arith.muli", [a, b], index), factors)
+        total = term if total is None else create_value("arith.addi", [total, term], index)
+    return total if total is not None else index_constant(0)
+
+
 def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
     """Shape operands whose every element the analysis knows as a polynomial in the arguments'
     dims are rebuilt from those dims (as index values): shapes computed along different routes
     (JAX computes them in i32, a cast the IR cannot see through) become the same SSA values, so
     loops over provably equal dims get identical bounds and can fuse."""
-    var_dim: dict[str, tuple[ir.Value, int]] = {}
-    for arg in block.arguments:
-        for i, d in enumerate(w.dims.get(arg, [])):
-            c = w.facts.canon(d)
-            if _is_var(c):
-                var_dim.setdefault(str(c), (arg, i))
+    var_dim = _argument_dims(w.dims, w.facts, block)
     index = ir.IndexType.get()
-
-    def build(d: Dim) -> ir.Value | None:
-        total = None
-        for mono, coeff in sorted(d.terms.items()):
-            if any(v not in var_dim for v in mono):
-                return None
-            factors = [create_value("tensor.dim", [arg, index_constant(i)], index) for arg, i in (var_dim[v] for v in mono)]
-            if coeff != 1 or not factors:
-                factors.insert(0, index_constant(coeff))
-            term = functools.reduce(lambda a, b: create_value("arith.muli", [a, b], index), factors)
-            total = term if total is None else create_value("arith.addi", [total, term], index)
-        return total if total is not None else index_constant(0)
-
     for op in list(block.operations):
         op = op.operation
         if op.name not in _SHAPE_OPERAND:
@@ -780,7 +800,7 @@ def _rebuild_shape_operands(w: _Walker, block: ir.Block) -> None:
         if content is None:
             continue
         with ir.InsertionPoint(op), op.location:
-            elems = [build(w.facts.canon(d)) for d in content]
+            elems = [dim_value(w.facts.canon(d), var_dim) for d in content]
             if any(e is None for e in elems):
                 continue
             shape = create_value("tensor.from_elements", elems, ir.RankedTensorType.get([len(elems)], index))

@@ -134,11 +134,7 @@ class _Emitter:
             v = self.binary(atom[0], self.dim(atom[1]), self.dim(atom[2]))
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]
-            t = self.arg_types[k]
-            read: list[str] = []
-            for line in self.form.extent:
-                read.append(self.value(line.format(*read, k=k, j=j, t=t, r=ir.ShapedType(t).rank)))
-            v = read[-1]
+            v = self.extent(k, j)
             if const:
                 v = self.binary("sub", v, self.const(const))
             if coeff != 1:
@@ -148,6 +144,14 @@ class _Emitter:
                                f"(known: {', '.join(sorted(self.sources)) or 'none'})")
         self.cache[name] = v
         return v
+
+    def extent(self, k: int, j: int) -> str:
+        """The size of argument k's dim j."""
+        t = self.arg_types[k]
+        read: list[str] = []
+        for line in self.form.extent:
+            read.append(self.value(line.format(*read, k=k, j=j, t=t, r=ir.ShapedType(t).rank)))
+        return read[-1]
 
     def dim(self, d: Dim) -> str:
         total = None
@@ -160,11 +164,25 @@ class _Emitter:
 
 
 def add_constraint_guards(module: ir.Module, entry: ir.Operation, signature: Signature, constraints: list[Constraint]) -> None:
-    """Adds a shape assertion per constraint at the top of the entry function."""
-    if not constraints:
+    """Adds a shape assertion per constraint at the top of the entry function, and one per
+    argument dim given as an expression of dimension variables (torch.export's derived dims,
+    `2 * Dim("h")`: the size must be that expression of a whole value of the variable, which is
+    solved from it or from the dim that defines the variable)."""
+    derived = [(k, j, Dim.of(d)) for k, spec in enumerate(signature.args) for j, d in enumerate(spec.shape)
+               if isinstance(d, str) and Dim.of(d).terms != {(d,): 1}]
+    if not constraints and not derived:
         return
     arg_types = list(function_type(entry).inputs)
     em = _Emitter(signature, arg_types, _HLO)
+    for k, j, d in derived:
+        if not em.expressible(d):  # a product of variables no dim gives alone: its factors stay unchecked here
+            continue
+        size = em.extent(k, j)
+        cond = em.value(f"stablehlo.compare EQ, {size}, {em.dim(d)}, SIGNED : (tensor<i64>, tensor<i64>) -> tensor<i1>")
+        message = (f"argument '{signature.args[k].name}' dim {j} is {{0}}, which is not {d} for any whole "
+                   f"{' and '.join(sorted(d.variables))}").replace('"', "'")
+        em.lines.append(f'stablehlo.custom_call @shape_assertion({cond}, {size}) {{error_message = "{message}", has_side_effect = true}} : '
+                        f'(tensor<i1>, tensor<i64>) -> ()')
     for c in constraints:
         lhs, op, rhs = parse_constraint(c.text)
         names = sorted({n for n in re.findall(r"[A-Za-z_][\w.]*", c.text) if n in em.sources}

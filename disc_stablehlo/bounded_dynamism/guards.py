@@ -9,7 +9,8 @@ from __future__ import annotations
 from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
-from ..mlir_support import function_type, walk
+from ..mlir_support import create_value, find_function, function_type, llvm_string, walk
+from .analysis import ShapeAnalysis, _is_var, dim_value
 from .signature import Assertion
 
 GUARD_FUNCTION = "disc_guard"
@@ -75,3 +76,50 @@ def extract_guard(module: ir.Module, entry: ir.Operation) -> list[Assertion]:
     for op in guard_asserts + asserts:
         op.erase()
     return found
+
+
+CHECK_SHAPE = "disc_ral_check_shape"
+
+
+def emit_contract_checks(module: ir.Module, entry: ir.Operation, shapes: ShapeAnalysis) -> int:
+    """At the start of the entry (on buffers: after `unify_argument_dims`, whose merged reads of
+    equal dims would make the checks vacuous), before any kernel: each equality of dims an op's semantics
+    assumed and nothing proved (elementwise operands, concatenated dims, a dot's contracting
+    dims, ...) whose sides are computed from the arguments' dims, checked at run time: a call of
+    `disc_ral_check_shape` that ends the call with a ShapeError naming the op, its location and
+    both values. Listed in the shape report (those over intermediate dims too, which the ops'
+    own lowerings check where they run). Returns the number of checks."""
+    block = entry.regions[0].blocks[0]
+    var_dim = {}
+    for arg, (_, dims) in zip(block.arguments, shapes.args):
+        for i, d in enumerate(dims):
+            if _is_var(d):
+                var_dim.setdefault(str(d), (arg, i))
+
+    def name(d) -> str:
+        places = shapes.variables.get(str(d)) if _is_var(d) else None
+        return places[0] if places else str(d)
+
+    i64, i1, ptr = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(1), ir.Type.parse("!llvm.ptr")
+    top, checks = ir.InsertionPoint.at_block_begin(module.body), 0
+    start = ir.InsertionPoint.at_block_begin(block)
+    for a, b, why, site in shapes.facts.assumed:
+        with start, ir.Location.unknown():
+            va, vb = dim_value(a, var_dim), dim_value(b, var_dim)
+            if va is None or vb is None:
+                shapes.checks.append(f"{site}: {name(a)} == {name(b)} ({why}): over intermediate dims, not checked here")
+                continue
+            text = f"{site}: {name(a)} is {{0}}, but {name(b)} is {{1}} ({why}: they must be equal)"
+            top.insert(ir.Operation.parse(llvm_string(f"__disc_contract_{checks}", text)))
+            differ = create_value("arith.cmpi", [va, vb], i1, predicate=ir.IntegerAttr.get(i64, 1))  # ne
+            ir.Operation.create("func.call", operands=[
+                create_value("arith.extui", [differ], i64),
+                create_value("llvm.mlir.addressof", [], ptr, global_name=ir.FlatSymbolRefAttr.get(f"__disc_contract_{checks}")),
+                create_value("arith.index_cast", [va], i64), create_value("arith.index_cast", [vb], i64)],
+                attributes={"callee": ir.FlatSymbolRefAttr.get(CHECK_SHAPE)})
+        shapes.checks.append(f"{site}: {name(a)} == {name(b)} ({why})")
+        checks += 1
+    if checks and find_function(module, CHECK_SHAPE) is None:  # the ops' lowerings may have declared it
+        with ir.Location.unknown():
+            top.insert(ir.Operation.parse(f"func.func private @{CHECK_SHAPE}(i64, !llvm.ptr, i64, i64)"))
+    return checks

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
-from ..mlir_support import create_value, identity_layout, index_constant, int_constant, location_text, operation, walk
+from ..mlir_support import create_value, identity_layout, index_constant, int_constant, llvm_string, location_text, operation, walk
 from .epilogues import behind
 
 ARENA_ALIGNMENT = 64
@@ -303,10 +303,9 @@ def check_allocation_sizes(module: ir.Module, functions: list[str]) -> int:
             static = element_bytes(mt.element_type)
             for i in range(mt.rank):
                 static *= 1 if mt.is_dynamic_dim(i) else mt.shape[i]
-            what = f"{location_text(alloc)}: a buffer of {mt}".replace("\\", "\\\\").replace('"', '\\"')
             site = f"__disc_alloc_site_{checks}"
             with alloc.location:
-                top.insert(ir.Operation.parse(f'llvm.mlir.global internal constant @{site}("{what}\\00") {{addr_space = 0 : i32}}'))
+                top.insert(ir.Operation.parse(llvm_string(site, f"{location_text(alloc)}: a buffer of {mt}")))
             with ir.InsertionPoint(alloc), alloc.location:
                 def const(v: int, t: ir.Type = i64) -> ir.Value:
                     return create_value("arith.constant", [], t, value=ir.IntegerAttr.get(t, v))

@@ -42,7 +42,7 @@ def _is_dynamic(op: ir.Operation) -> bool:
 
 def _as_gemm(op: ir.Operation) -> bool:
     """Ungrouped, unreversed, float convolutions of one element type (what the BLAS takes)."""
-    types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}
+    types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands[:2], op.result]}
     reversed_window = "window_reversal" in op.attributes and any(ir.DenseBoolArrayAttr(op.attributes["window_reversal"]))
     return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys() and not reversed_window
             and ir.IntegerAttr(op.attributes["feature_group_count"]).value == 1
@@ -64,13 +64,25 @@ def _unrolled(op: ir.Operation) -> bool:
                 [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]) <= UNROLL_MAX)
 
 
-@register_template("stablehlo.convolution", when=lambda op: _as_gemm(op) or _is_dynamic(op) or _unrolled(op))
+def _padding(op: ir.Operation, t: Text, n: int) -> list[int | str]:
+    """Low and high padding of each of the `n` spatial dims: the attribute's ints, or (a
+    dynamic_conv: padding computed from the shapes) index values read from its operand."""
+    if op.name == "stablehlo.dynamic_conv":
+        return [t.extract_index("%a2", op.operands[2].type, [t.const(s), t.const(j)]) for s in range(n) for j in (0, 1)]
+    return int_list(op, "padding") or [0] * (2 * n)
+
+
+@register_template("stablehlo.convolution", "stablehlo.dynamic_conv",
+                   when=lambda op: op.name == "stablehlo.dynamic_conv" or _as_gemm(op) or _is_dynamic(op) or _unrolled(op))
 def _convolution(op, t: Text, state):
     dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
     lhs_t, rhs_t, out_t = (ir.RankedTensorType(v.type) for v in (op.operands[0], op.operands[1], op.result))
     n = len(dn.input_spatial_dimensions)
     strides = int_list(op, "window_strides") or [1] * n
-    padding = int_list(op, "padding") or [0] * (2 * n)
+    if len(strides) != n:
+        raise UnsupportedOpError(f"window_strides has {len(strides)} entries for {n} spatial dimension(s)")
+    padding = _padding(op, t, n)
+    index = [t.const(p) if isinstance(p, int) else p for p in padding]
     lhs_dil = int_list(op, "lhs_dilation") or [1] * n
     rhs_dil = int_list(op, "rhs_dilation") or [1] * n
     reversal = [bool(x) for x in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])] if "window_reversal" in op.attributes else [False] * n
@@ -93,7 +105,7 @@ def _convolution(op, t: Text, state):
         out_dims[dn.output_batch_dimension] = in_dims[dn.input_batch_dimension]
     for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
         if out_dims[od] is None:
-            size = padded_size(t, in_dims[idim], t.const(padding[2 * s]), t.const(padding[2 * s + 1]), t.const(lhs_dil[s] - 1))
+            size = padded_size(t, in_dims[idim], index[2 * s], index[2 * s + 1], t.const(lhs_dil[s] - 1))
             reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
             steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
@@ -104,7 +116,7 @@ def _convolution(op, t: Text, state):
     padded_shape = ["?" if lhs_t.is_dynamic_dim(d) else str(lhs_t.shape[d]) for d in range(lhs_t.rank)]
     for s, d in enumerate(dn.input_spatial_dimensions):
         lows[d], highs[d], interiors[d] = padding[2 * s], padding[2 * s + 1], lhs_dil[s] - 1
-        if not lhs_t.is_dynamic_dim(d):
+        if not lhs_t.is_dynamic_dim(d) and isinstance(padding[2 * s], int):
             size = lhs_t.shape[d]
             padded_shape[d] = str(padding[2 * s] + padding[2 * s + 1] + size + max(size - 1, 0) * (lhs_dil[s] - 1))
     padded_type = f"tensor<{'x'.join(padded_shape)}x{elem}>"

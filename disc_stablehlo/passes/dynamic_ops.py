@@ -98,9 +98,10 @@ def _to_int(elem: ir.Type, x: str, body: list[str], stem: str) -> str:
                  f"{stem}s = arith.constant {half} : i{bits}", f"{stem}hs = arith.shli {stem}h, {stem}s : i{bits}",
                  f"{stem}v = arith.ori {stem}l, {stem}hs : i{bits}"]
         return f"{stem}v"
-    if isinstance(elem, ir.IntegerType):
+    if isinstance(elem, ir.IntegerType) and ir.IntegerType(elem).is_signless:
         return x
-    body.append(f"{stem}v = arith.bitcast {x} : {elem} to i{bits}")
+    cast = "builtin.unrealized_conversion_cast" if isinstance(elem, ir.IntegerType) else "arith.bitcast"  # ui64 -> i64
+    body.append(f"{stem}v = {cast} {x} : {elem} to i{bits}")
     return f"{stem}v"
 
 
@@ -114,9 +115,10 @@ def _from_int(elem: ir.Type, v: str, body: list[str], stem: str) -> str:
         re, im = _from_int(part, f"{stem}l", body, f"{stem}r"), _from_int(part, f"{stem}h", body, f"{stem}i")
         body.append(f"{stem}c = complex.create {re}, {im} : {elem}")
         return f"{stem}c"
-    if isinstance(elem, ir.IntegerType):
+    if isinstance(elem, ir.IntegerType) and ir.IntegerType(elem).is_signless:
         return v
-    body.append(f"{stem}f = arith.bitcast {v} : i{bits} to {elem}")
+    cast = "builtin.unrealized_conversion_cast" if isinstance(elem, ir.IntegerType) else "arith.bitcast"
+    body.append(f"{stem}f = {cast} {v} : i{bits} to {elem}")
     return f"{stem}f"
 
 
@@ -177,24 +179,34 @@ def _get_dimension_size(op, t: Text, state):
     return [t(f"tensor.from_elements {v} : {op.result.type}")]
 
 
-@register_template("stablehlo.dynamic_broadcast_in_dim")
+@register_template("stablehlo.dynamic_broadcast_in_dim", "stablehlo.broadcast_in_dim",
+                   when=lambda op: op.name == "stablehlo.dynamic_broadcast_in_dim" or not ir.RankedTensorType(op.operands[0].type).has_static_shape)
 def _dynamic_broadcast_in_dim(op, t: Text, state):
     """Dims the shape analysis settled (known_(non)expanding_dimensions, or static) index the
     operand through a plain indexing map; an unsettled dynamic dim reads index 0 when the operand
-    dim is 1 at run time. With every dim settled the op is an ordinary broadcast, which the
-    elementwise fusion folds into its consumers."""
+    dim is 1 at run time (also a broadcast_in_dim's, to its static result dims), after a check
+    that it is 1 or the result's. With every dim settled the op is an ordinary broadcast, which
+    the elementwise fusion folds into its consumers."""
     operand, out_type = op.operands[0], op.result.type
     in_t, out_t = ir.RankedTensorType(operand.type), ir.RankedTensorType(out_type)
     bdims = int_list(op, "broadcast_dimensions")
     nonexpanding = set(int_list(op, "known_nonexpanding_dimensions"))
     expanding = set(int_list(op, "known_expanding_dimensions"))
-    dims = _result_dims(t, op, "%a1", op.operands[1].type)
+    dims = _result_dims(t, op, "%a1", op.operands[1].type if len(op.operands) > 1 else None)
     settled = {}
     for i, od in enumerate(bdims):
         if i in expanding or (not in_t.is_dynamic_dim(i) and in_t.shape[i] == 1 and out_t.shape[od] != 1):
             settled[i] = "0"
         elif i in nonexpanding or not in_t.is_dynamic_dim(i):
             settled[i] = f"d{od}"
+        if i not in nonexpanding and i not in expanding and (out_t.is_dynamic_dim(od) or in_t.is_dynamic_dim(i)) and in_t.shape[i] != 1:
+            # nothing proved: the operand dim must be 1 or the result's (else it is read past its end)
+            d = t.dim("%a0", operand.type, i)
+            equal = t(f"arith.cmpi eq, {d}, {dims[od]} : index")
+            one = t(f"arith.cmpi eq, {d}, {t.const(1)} : index")
+            fits = t(f"arith.ori {equal}, {one} : i1")
+            t.check(state, op, t(f"arith.xori {fits}, {t.const('true', 'i1')} : i1"),
+                    f"operand dim {i} is {{0}}, result dim {od} is {{1}} (the operand's must be 1 or the same)", d, dims[od])
     if len(settled) == in_t.rank:
         rank = out_t.rank
         ds = ", ".join(f"d{i}" for i in range(rank))
@@ -267,7 +279,20 @@ def _dynamic_reshape(op, t: Text, state):
     operand (of a contiguous buffer: a view is copied first)."""
     src, dst = op.operands[0].type, op.result.type
     segs = segments(op)
-    if segs is None:
+    if segs is None:  # nothing proved: the shape keeps the element count, or the call ends
+        count = t.const(1)
+        for d in t.dims("%a0", src):
+            count = t(f"arith.muli {count}, {d} : index")
+        product, wrapped = t.const(1, "i64"), t.const("false", "i1")
+        for i, d in enumerate(_result_dims(t, op, "%a1", op.operands[1].type)):
+            t.check(state, op, t(f"arith.cmpi slt, {d}, {t.const(0)} : index"), f"result dim {i} is {{0}}, negative", d, d)
+            m, d64, zero = t.fresh("m"), t(f"arith.index_cast {d} : index to i64"), t.const(0, "i64")
+            t.emit(f"{m}:2 = arith.mului_extended {product}, {d64} : i64")
+            high = t(f"arith.cmpi ne, {m}#1, {zero} : i64")
+            product, wrapped = f"{m}#0", t(f"arith.ori {wrapped}, {high} : i1")
+        size = t(f"arith.index_cast {product} : i64 to index")
+        differ = t(f"arith.cmpi ne, {count}, {size} : index")
+        t.check(state, op, t(f"arith.ori {differ}, {wrapped} : i1"), "the operand has {0} elements, the result shape {1}", count, size)
         return [t(f"tensor.reshape %a0(%a1) : ({src}, {op.operands[1].type}) -> {dst}")]
     if all(len(s) == len(d) == 1 for s, d in segs):  # the dims stay
         return ["%a0" if src == dst else t(f"tensor.cast %a0 : {src} to {dst}")]
@@ -292,6 +317,12 @@ def _real_dynamic_slice(op, t: Text, state):
         start = t.extract_index("%a1", op.operands[1].type, [t.const(i)])
         limit = t.extract_index("%a2", op.operands[2].type, [t.const(i)])
         stride = t.extract_index("%a3", op.operands[3].type, [t.const(i)])
+        size = t.dim("%a0", op.operands[0].type, i)
+        below, beyond = t(f"arith.cmpi slt, {start}, {t.const(0)} : index"), t(f"arith.cmpi sgt, {start}, {limit} : index")
+        outside = t(f"arith.ori {below}, {beyond} : i1")
+        t.check(state, op, outside, f"start {{0}} of dim {i} is not within [0, limit {{1}}]", start, limit)
+        t.check(state, op, t(f"arith.cmpi sgt, {limit}, {size} : index"), f"limit {{0}} of dim {i} exceeds the operand's size {{1}}", limit, size)
+        t.check(state, op, t(f"arith.cmpi sle, {stride}, {t.const(0)} : index"), f"stride {{0}} of dim {i} is not positive", stride, stride)
         span = t(f"arith.subi {limit}, {start} : index")
         offs.append(start)
         strides.append(stride)
@@ -452,6 +483,9 @@ def _clamped_starts(t: Text, op, first: int, in_dims: list[str], sizes: list[str
 def _dynamic_update_slice(op, t: Text, state):
     operand, update = op.operands[0], op.operands[1]
     in_dims, up_dims = t.dims("%a0", operand.type), t.dims("%a1", update.type)
+    for i, (a, b) in enumerate(zip(up_dims, in_dims)):
+        if not (ir.RankedTensorType(operand.type).has_static_shape and ir.RankedTensorType(update.type).has_static_shape):
+            t.check(state, op, t(f"arith.cmpi sgt, {a}, {b} : index"), f"the update's dim {i} ({{0}}) exceeds the operand's ({{1}})", a, b)
     offs = _clamped_starts(t, op, 2, in_dims, up_dims)
     sizes = ", ".join(_static_or(update.type, i, d) for i, d in enumerate(up_dims))
     ones = ", ".join("1" for _ in up_dims)
@@ -463,6 +497,10 @@ def _dynamic_slice(op, t: Text, state):
     operand = op.operands[0]
     sizes = int_list(op, "slice_sizes")
     in_dims = t.dims("%a0", operand.type)
+    for i, size in enumerate(sizes):
+        if ir.RankedTensorType(operand.type).is_dynamic_dim(i):
+            t.check(state, op, t(f"arith.cmpi sgt, {t.const(size)}, {in_dims[i]} : index"),
+                    f"slice size {{0}} of dim {i} exceeds the operand's size {{1}}", t.const(size), in_dims[i])
     offs = _clamped_starts(t, op, 1, in_dims, [t.const(s) for s in sizes])
     ones = ", ".join("1" for _ in sizes)
     return [t(f"tensor.extract_slice %a0[{', '.join(offs)}] [{', '.join(map(str, sizes))}] [{ones}] : {operand.type} to {op.result.type}")]

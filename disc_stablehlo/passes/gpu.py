@@ -554,19 +554,45 @@ def device_memory(module: ir.Module, constants: dict[str, int], host_only: tuple
             ir.InsertionPoint.at_block_begin(module.body).insert(ir.Operation.parse("llvm.func @disc_ral_gpu_constant(!llvm.ptr, i64) -> !llvm.ptr"))
 
 
-# the device module to LLVM: NVVM (CUDA, with libdevice's math), or ROCDL (ROCm: f32 math expanded
-# or approximated by polynomials, as no package here provides ROCm's device library)
-_TO_DEVICE = {
-    "cuda": "convert-gpu-to-nvvm{index-bitwidth=64}",
-    "rocm": "math-expand-ops, convert-gpu-to-rocdl{chipset=%s index-bitwidth=64}",
-}
+def _to_device(target) -> str:
+    """The passes from the device module's functions to NVVM (CUDA: libdevice's math, linked by
+    `targets/cuda.py`) or ROCDL (ROCm: every math op a call into ROCm's device library where
+    there is one, `Target.math_library`; without it, math expanded or approximated by polynomials
+    where MLIR can, the rest a CompileError in `targets/rocm.py`)."""
+    if target.kind == "cuda":
+        return "gpu.module(convert-gpu-to-nvvm{index-bitwidth=64})"
+    rocdl = f"convert-gpu-to-rocdl{{chipset={target.cpu} index-bitwidth=64}}"
+    if target.math_library:  # bf16 math in f32 (the library has f16, f32 and f64 functions)
+        return f"gpu.module(math-extend-to-supported-types{{extra-types=f16}}), convert-math-to-rocdl{{chipset={target.cpu}}}, gpu.module({rocdl})"
+    return f"gpu.module(math-extend-to-supported-types, math-expand-ops, {rocdl})"
+
+
+def _bit_counts_as_intrinsics(device: ir.Module) -> None:
+    """`math.ctpop` / `math.ctlz`, which the GPU lowerings leave as they are, as LLVM's
+    intrinsics; 8- and 16-bit integers counted zero-extended to 32 bits (less the added leading
+    zeros)."""
+    i32 = ir.IntegerType.get_signless(32)
+    for op in [op for op in walk(device.operation) if op.name in ("math.ctpop", "math.ctlz")]:
+        t = op.result.type
+        narrow = isinstance(t, ir.IntegerType) and ir.IntegerType(t).width < 32
+        with ir.InsertionPoint(op), op.location:
+            x, wide = (create_value("arith.extui", [op.operands[0]], i32), i32) if narrow else (op.operands[0], t)
+            if op.name == "math.ctpop":
+                count = create_value("llvm.intr.ctpop", [x], wide)
+            else:
+                count = create_value("llvm.intr.ctlz", [x], wide, is_zero_poison=ir.BoolAttr.get(False))
+                if narrow:
+                    extra = create_value("arith.constant", [], i32, value=ir.IntegerAttr.get(i32, 32 - ir.IntegerType(t).width))
+                    count = create_value("arith.subi", [count, extra], i32)
+            op.result.replace_all_uses_with(create_value("arith.trunci", [count], t) if narrow else count)
+        op.erase()
 
 
 def device_llvm_ir(device: ir.Module, target) -> str:
     """The LLVM IR of the device module's kernels (for `targets/cuda.py` or `targets/rocm.py`)."""
-    to_device = _TO_DEVICE[target.kind].replace("%s", target.cpu)
+    _bit_counts_as_intrinsics(device)
     run_pipeline(device, f"builtin.module(gpu.module(inline, convert-scf-to-cf, expand-strided-metadata, lower-affine, arith-expand, "
-                                f"memref-expand, convert-complex-to-standard, {to_device}), reconcile-unrealized-casts)",
+                                f"memref-expand, convert-complex-to-standard), {_to_device(target)}, reconcile-unrealized-casts)",
                  "lowering the kernels to LLVM")
     gpu_module = device.body.operations[0]
     body = "\n".join(op.get_asm(enable_debug_info=False, assume_verified=True) for op in gpu_module.regions[0].blocks[0].operations)

@@ -14,7 +14,8 @@ from typing import Callable, Iterable, Sequence
 from torch_mlir import ir
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import describe, find_function, function_type, is_inside, new_private_function, walk
+from ..bounded_dynamism.guards import CHECK_SHAPE
+from ..mlir_support import describe, find_function, function_type, is_inside, llvm_string, location_text, new_private_function, walk
 
 Rewrite = Callable[[ir.Operation, "LoweringState"], None]
 Predicate = Callable[[ir.Operation], bool]
@@ -197,6 +198,17 @@ class Text:
         of the same type (two `tensor.empty`s that CSE makes one would give loops that write
         both a single buffer)."""
         return self(f"bufferization.alloc_tensor({_dynamic_sizes(type_, dims)}) : {type_}")
+
+    def check(self, state: "LoweringState", op: ir.Operation, failed: str, contract: str, a: str, b: str) -> None:
+        """Ends the call with a ShapeError where `failed` (an i1) holds at run time: the op, its
+        location and `contract`, in which "{0}" and "{1}" are the index values `a` and `b`."""
+        name, declaration = state.fresh_symbol("contract"), f"func.func private @{CHECK_SHAPE}(i64, !llvm.ptr, i64, i64)"
+        self.declarations += [llvm_string(name, f"{op.name} at {location_text(op)}: {contract}")]
+        if declaration not in self.declarations:
+            self.declarations.append(declaration)
+        args = [self(f"arith.extui {failed} : i1 to i64"), self(f"llvm.mlir.addressof @{name} : !llvm.ptr"),
+                self(f"arith.index_cast {a} : index to i64"), self(f"arith.index_cast {b} : index to i64")]
+        self.emit(f"func.call @{CHECK_SHAPE}({', '.join(args)}) : (i64, !llvm.ptr, i64, i64) -> ()")
 
     def clamp(self, v: str, lo: str, hi: str) -> str:
         return self(f"arith.maxsi {self(f'arith.minsi {v}, {hi} : index')}, {lo} : index")

@@ -15,7 +15,7 @@ from ..bounded_dynamism import Signature
 from ..bounded_dynamism.analysis import ShapeAnalysis, ShapeFacts, analyze
 from ..bounded_dynamism.constraints import (Constraint, add_constraint_guards, bounds_constraints, constraint_function,
                                             load_from_ir, record_fact, save_to_ir)
-from ..bounded_dynamism.guards import GUARD_FUNCTION, extract_guard
+from ..bounded_dynamism.guards import GUARD_FUNCTION, emit_contract_checks, extract_guard
 from ..bounded_dynamism.signature import Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
@@ -147,6 +147,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         copies_to_linalg(module)
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
         unify_argument_dims(_function(module, entry_name), shapes)
+        emit_contract_checks(module, _function(module, entry_name), shapes)  # reads the dims unify_argument_dims merged
         expose_divisibility(_function(module, entry_name), shapes)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "dims clean-up")
         # 9. loops over the same rows fuse, and run behind the library call (GEMM, convolution)

@@ -7,6 +7,7 @@ x86-64 processor (`host_code_target`): the GPU machine's processor is not this o
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 
@@ -20,6 +21,7 @@ class Target:
     vector_bits: int   # CPU: the vector width loops are specialised for; GPU: 0
     warp_size: int = 0     # GPU: threads that execute in lockstep (a warp, a wavefront)
     isa_version: int = 0   # CUDA: the PTX ISA version (80 = 8.0); ROCm: the code object version
+    math_library: str = ""  # ROCm: the device library's math functions (ocml.bc) when one is found
 
     def vector_elements(self, element_bits: int = 32) -> int:
         """Elements of `element_bits` in one vector of the loops (1 where there are no vectors)."""
@@ -64,7 +66,16 @@ def _cuda_target(arch: str) -> Target:
 
 
 def _rocm_target(arch: str) -> Target:
-    return Target(f"rocm:{arch}", "rocm", "amdgcn-amd-amdhsa", arch, "", 0, warp_size=64, isa_version=5)
+    return Target(f"rocm:{arch}", "rocm", "amdgcn-amd-amdhsa", arch, "", 0, warp_size=64, isa_version=5,
+                  math_library=rocm_math_library())
+
+
+def rocm_math_library() -> str:
+    """ROCm's device math library (ocml.bc, LLVM bitcode): in $DISC_ROCM_DEVICE_LIBS, else in a
+    ROCm installation ($ROCM_PATH, /opt/rocm); "" where there is none."""
+    folders = [os.environ.get("DISC_ROCM_DEVICE_LIBS", "")]
+    folders += [os.path.join(root, "amdgcn", "bitcode") for root in (os.environ.get("ROCM_PATH", ""), "/opt/rocm") if root]
+    return next((path for path in (os.path.join(f, "ocml.bc") for f in folders if f) if os.path.isfile(path)), "")
 
 
 TARGETS = {"x86": (host_target, None, ()), "cuda": (_cuda_target, "sm_90", _CUDA_ARCHS),

@@ -2,9 +2,13 @@
 a loadable HSACO (`ld.lld -shared`: LLD from the `ziglang` package, or one on PATH), embedded in
 the host object as data the launch code passes to the RAL (`passes/gpu.py`).
 
-No package here provides ROCm's device library (ockl, ocml): the few functions of it the ROCDL
-lowering still calls are defined here, from the dispatch packet (block and grid sizes) or as
-LLVM intrinsics the AMDGPU back end expands; a kernel that needs any other is a CompileError."""
+Math functions come from ROCm's device library (ocml.bc: a ROCm installation's, or
+$DISC_ROCM_DEVICE_LIBS; `Target.math_library`), linked into the kernels with its control
+constants set here (IEEE results: no finite-only or unsafe math, denormals kept, a correctly
+rounded sqrt). Without it, the few device-library functions the ROCDL lowering still calls are
+defined here, from the dispatch packet (block and grid sizes) or as LLVM intrinsics the AMDGPU
+back end expands, and a kernel that needs any other is a CompileError saying where to get the
+library. The work-group size and count functions (ockl) are always the ones defined here."""
 
 from __future__ import annotations
 
@@ -58,18 +62,56 @@ _OCML = {f"__ocml_{fn}_{t}": (f"llvm.{fn}.{ll}", ll)
 _OCML.update({f"__ocml_{fn}_f32": (f"llvm.{fn}.f32", "float") for fn in ("sin", "cos", "exp2", "log2")})
 
 
-def _device_library(device_ir: str) -> str:
-    """Definitions of the device-library functions the module declares."""
+def _device_library(device_ir: str, target: Target) -> str:
+    """Definitions of the device-library functions the module declares that this module defines
+    itself (with ocml.bc: its control constants instead of its functions)."""
     declared = set(re.findall(r"^declare [^@]*@([\w.]+)\(", device_ir, re.M))
     out = [_OCKL] if declared & {"__ockl_get_local_size", "__ockl_get_num_groups"} else []
+    if target.math_library:
+        return "\n".join(out + [_oclc_constants(target.cpu)])
     for name in sorted(declared):
         if name in _OCML:
             intrinsic, t = _OCML[name]
             out.append(f"define internal {t} @{name}({t} %x) {{\n  %r = call {t} @{intrinsic}({t} %x)\n  ret {t} %r\n}}")
     missing = sorted(n for n in declared if not n.startswith("llvm.") and n not in _OCML and not n.startswith("__ockl_get_"))
     if missing:
-        raise CompileError(f"the kernels need ROCm device-library functions no package here provides: {', '.join(missing)}")
+        raise CompileError(f"the kernels need ROCm device-library functions: {', '.join(missing)}; none was found (a ROCm "
+                           "installation's amdgcn/bitcode/ocml.bc, under $ROCM_PATH or /opt/rocm, or a folder with ocml.bc "
+                           "named by $DISC_ROCM_DEVICE_LIBS)")
     return "\n".join(out)
+
+
+def _oclc_constants(chip: str) -> str:
+    """The control constants ocml reads (IEEE behaviour; the ISA version of `chip`:
+    gfx90a -> 9010, gfx942 -> 9402: major, then minor and stepping as hex digits)."""
+    digits = chip.removeprefix("gfx")
+    isa = int(digits[:-2]) * 1000 + int(digits[-2], 16) * 100 + int(digits[-1], 16)
+    values = {"finite_only_opt": 0, "unsafe_math_opt": 0, "daz_opt": 0, "correctly_rounded_sqrt32": 1}
+    lines = [f"@__oclc_{name} = linkonce_odr hidden addrspace(4) constant i8 {v}, align 1" for name, v in values.items()]
+    return "\n".join(lines + [f"@__oclc_ISA_version = linkonce_odr hidden addrspace(4) constant i32 {isa}, align 4"])
+
+
+# a package on PyPI that carries ROCm's device libraries (Triton's ROCm build: ocml.bc, NCSA licence)
+DEVICE_LIBRARY_WHEEL = "pytorch-triton-rocm==2.1.0"
+_WHEEL_OCML = "triton/third_party/rocm/lib/bitcode/ocml.bc"
+
+
+def fetch_device_library(folder: str | os.PathLike) -> str:
+    """ROCm's ocml.bc for a machine without ROCm, taken from DEVICE_LIBRARY_WHEEL (downloaded
+    with pip, not installed) into `folder` (for $DISC_ROCM_DEVICE_LIBS); returns its path."""
+    import zipfile
+    from pathlib import Path
+
+    out = Path(folder) / "ocml.bc"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="disc-rocm-") as tmp:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+                            "--platform", "manylinux2014_x86_64", "-d", tmp, DEVICE_LIBRARY_WHEEL], check=True)
+            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+                out.with_suffix(".tmp").write_bytes(wheel.read(_WHEEL_OCML))
+        out.with_suffix(".tmp").replace(out)
+    return str(out)
 
 
 def _linker() -> list[str]:
@@ -90,7 +132,8 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     text = _classic_float_literals(device_ir)
-    text = re.sub(r"^declare [^@]*@(__ockl_get_\w+|__ocml_\w+)\(.*\n", "", text, flags=re.M) + _device_library(text)
+    defined_here = r"__ockl_get_\w+" if target.math_library else r"__ockl_get_\w+|__ocml_\w+"
+    text = re.sub(rf"^declare [^@]*@({defined_here})\(.*\n", "", text, flags=re.M) + _device_library(text, target)
     if "amdhsa_code_object_version" not in text:
         text += '\n!llvm.module.flags = !{!9999}\n!9999 = !{i32 1, !"amdhsa_code_object_version", i32 500}\n'
     try:
@@ -98,13 +141,28 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
         mod.verify()
     except RuntimeError as e:
         raise CompileError(f"LLVM rejected the generated kernels: {e}") from None
+    if target.math_library:
+        with open(target.math_library, "rb") as f:
+            try:
+                mod.link_in(llvm.parse_bitcode(f.read()))
+            except RuntimeError as e:
+                raise CompileError(f"cannot link ROCm's device library {target.math_library}: {e}") from None
+        missing = sorted(fn.name for fn in mod.functions if fn.is_declaration and not fn.name.startswith("llvm."))
+        if missing:
+            raise CompileError(f"{target.math_library} does not define {', '.join(missing)}")
     for fn in mod.functions:
         if not fn.is_declaration and fn.name not in kernels:
             fn.linkage = llvm.Linkage.internal
+    for g in mod.global_variables:
+        if not g.is_declaration:
+            g.linkage = llvm.Linkage.internal
     tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.cpu, features=target.features, opt=3, reloc="pic")
     mod.triple = target.triple
     mod.data_layout = str(tm.target_data)
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    unused = llvm.create_new_module_pass_manager()
+    unused.add_global_dead_code_eliminate_pass()  # the library's functions no kernel calls, before O3 looks at them
+    unused.run(mod, pb)
     pb.getModulePassManager().run(mod, pb)
     obj = tm.emit_object(mod)
     with tempfile.TemporaryDirectory(prefix="disc-hsaco-") as tmp:

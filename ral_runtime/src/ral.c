@@ -517,6 +517,23 @@ void disc_ral_check_alloc(int64_t status, int64_t value, const char *what) {
   context_exit(tls_context);
 }
 
+void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b) {
+  if (!failed || !tls_context) return;
+  char msg[512];
+  size_t n = 0;
+  for (const char *p = what; *p && n < sizeof msg - 24; p++) {
+    if (p[0] == '{' && (p[1] == '0' || p[1] == '1') && p[2] == '}') {
+      n += (size_t)snprintf(msg + n, sizeof msg - n, "%lld", (long long)(p[1] == '0' ? a : b));
+      p += 2;
+    } else {
+      msg[n++] = *p;
+    }
+  }
+  msg[n] = 0;
+  ral_context_fail(tls_context, RAL_ERR_SHAPE, msg);
+  context_exit(tls_context);
+}
+
 /* Buffers live until the end of the call (or are taken as results); a free from generated
  * code returns a block early only when the current context owns it. */
 void _mlir_memref_to_llvm_free(void *ptr) {

@@ -77,15 +77,23 @@ static void negative_size_entry(void *args, void *results) {
 static void checked_entry(void *args, void *results) {
   (void)args, (void)results;
   disc_ral_check_alloc(0, 5, "fine");
+  disc_ral_check_shape(0, "fine too {0}", 1, 2);
+  reached_after_failure = 1;
+}
+
+static void contract_entry(void *args, void *results) {
+  (void)args, (void)results;
+  disc_ral_check_shape(1, "stablehlo.dynamic_reshape at m.py:3: {0} elements into a shape of {1} {2}{", 6, -16);
   reached_after_failure = 1;
 }
 
 static void test_failures_end_the_call(ral_runtime *rt) {
-  ral_entry entries[] = {greedy_entry, negative_size_entry, checked_entry};
-  ral_status want[] = {RAL_ERR_OUT_OF_MEMORY, RAL_ERR_SHAPE, RAL_OK};
+  ral_entry entries[] = {greedy_entry, negative_size_entry, checked_entry, contract_entry};
+  ral_status want[] = {RAL_ERR_OUT_OF_MEMORY, RAL_ERR_SHAPE, RAL_OK, RAL_ERR_SHAPE};
   const char *message[] = {"out of memory allocating 4611686018427387904 bytes",
-                           "iota (model.py:7): a buffer of memref<?x4xf32>: a dim is negative (-3)", ""};
-  for (int i = 0; i < 3; i++) {
+                           "iota (model.py:7): a buffer of memref<?x4xf32>: a dim is negative (-3)", "",
+                           "stablehlo.dynamic_reshape at m.py:3: 6 elements into a shape of -16 {2}{"};
+  for (int i = 0; i < 4; i++) {
     ral_context *ctx;
     CHECK(ral_context_create(rt, &ctx) == RAL_OK);
     ral_context *prev = ral_context_enter(ctx);

@@ -32,7 +32,7 @@ typedef enum {
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 5
+#define RAL_ABI_VERSION 6
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -105,6 +105,12 @@ void _mlir_memref_to_llvm_free(void *ptr);
  * `value`) or 2 (the byte count overflows 63 bits); `what` names the buffer (op, location, dims).
  * Fails the call with RAL_ERR_SHAPE, and ends it as ral_context_call says. */
 void disc_ral_check_alloc(int64_t status, int64_t value, const char *what);
+/* A shape contract of an op checked at run time (what the analysis could not prove: a slice
+ * within its operand, a reshape keeping the element count, operands of equal dims, ...): when
+ * `failed` is nonzero, fails the call with RAL_ERR_SHAPE, the message `what` (the op, its
+ * location, the contract) with "{0}" and "{1}" replaced by `a` and `b` (the values seen), and
+ * ends it as ral_context_call says. */
+void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b);
 
 /* Runs body(data, lo, hi) over [0, n) on the current context's thread pool; runs inline when
  * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */
