@@ -91,6 +91,7 @@ def main() -> None:
             print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")
 
     print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'row only':>10} {'jax GB/s':>10}  version run")
+    disc.collect_stats()  # which version of the column sum ran
     column_sum = disc.compile(lambda x: x.sum(0), spec)
     row_only = _without(pipeline, "schedule_column_reductions", lambda: disc.compile(lambda x: x.sum(0), spec))
     jitted = jax.jit(lambda x: x.sum(0))

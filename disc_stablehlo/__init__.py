@@ -5,6 +5,7 @@ framework: the compiler is imported when `compile` is first called."""
 
 from .compiler import compile
 from .errors import ArtifactError, CompileError, DiscError, RuntimeFailure, ShapeError, UnsupportedOpError
-from .runtime import CompiledFunction, load
+from .runtime import CompiledFunction, collect_stats, load
 
-__all__ = ["ArtifactError", "CompileError", "CompiledFunction", "DiscError", "RuntimeFailure", "ShapeError", "UnsupportedOpError", "compile", "load"]
+__all__ = ["ArtifactError", "CompileError", "CompiledFunction", "DiscError", "RuntimeFailure", "ShapeError", "UnsupportedOpError",
+           "collect_stats", "compile", "load"]

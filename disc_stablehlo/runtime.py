@@ -53,6 +53,8 @@ def ral() -> ctypes.CDLL:
         ("ral_runtime_destroy", None, [vp]),
         ("ral_runtime_memory_stats", None, [vp, ctypes.POINTER(MemoryStats)]),
         ("ral_runtime_reset_peak", None, [vp]),
+        ("ral_runtime_trim", None, [vp]),
+        ("ral_runtime_set_cache_limits", None, [vp, ctypes.c_int64, ctypes.c_int64]),
         ("ral_context_create", ctypes.c_int, [vp, ctypes.POINTER(vp)]),
         ("ral_context_destroy", None, [vp]),
         ("ral_context_enter", vp, [vp]),
@@ -73,13 +75,27 @@ def ral() -> ctypes.CDLL:
         ("ral_runtime_gpu_memory_stats", None, [vp, ctypes.POINTER(MemoryStats)]),
         ("ral_gpu_dlpack", vp, [vp, vp, ctypes.c_int32, vp, vp, ctypes.c_uint8, ctypes.c_uint8]),
         ("ral_dlpack_delete", None, [vp]),
+        ("ral_kernel_stats_enable", None, [ctypes.c_int]),
     ]:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
     if lib.ral_abi_version() != artifact.RAL_ABI_VERSION:
         raise DiscError(f"{RAL_LIBRARY} has RAL ABI version {lib.ral_abi_version()}, this package needs "
                         f"{artifact.RAL_ABI_VERSION}: reinstall the package")
+    if os.environ.get("DISC_STATS") == "1":
+        lib.ral_kernel_stats_enable(1)
     return lib
+
+
+_collecting = os.environ.get("DISC_STATS") == "1"
+
+
+def collect_stats(on: bool = True) -> None:
+    """Starts (or stops) counting kernel calls and their time for `CompiledFunction.stats()`,
+    process-wide; off until asked for (or DISC_STATS=1), as counting writes to shared state."""
+    global _collecting
+    ral().ral_kernel_stats_enable(int(bool(on)))
+    _collecting = bool(on)
 
 
 class KernelStat(ctypes.Structure):
@@ -250,6 +266,15 @@ class Runtime:
 
     def reset_peak(self) -> None:
         ral().ral_runtime_reset_peak(self.handle)
+
+    def trim(self) -> None:
+        """Gives every cached block (host and GPU memory) back to the system."""
+        ral().ral_runtime_trim(self.handle)
+
+    def set_cache_limits(self, max_cached_bytes: int = 1 << 30, idle_seconds: float = 10.0) -> None:
+        """Host memory given back by calls is kept for reuse up to `max_cached_bytes` in all and
+        for `idle_seconds` (the defaults); past either it goes back to the system."""
+        ral().ral_runtime_set_cache_limits(self.handle, max(int(max_cached_bytes), 0), max(int(idle_seconds * 1000), 0))
 
     def memory_stats(self, device: str = "host") -> dict[str, int]:
         """The allocator's figures for host memory, or ("gpu") for device memory (zeros before
@@ -612,12 +637,14 @@ class CompiledFunction:
         """Per kernel of this function: calls, how many ran on the thread pool ("pool"), behind
         the row blocks of the GEMM whose epilogue it is ("fused") and inline ("inline": the
         small-size version chosen from the real sizes), and total seconds; plus the library
-        GEMM entries (counted over the whole process). Kernels generated in versions
+        GEMM entries (counted over the whole process, while `collect_stats()` is on). Kernels generated in versions
         (`kernels[i].version`) count separately, so the counts say which version ran. CPU
         targets only: a GPU's kernels are timed with its vendor's profiler (nsys, rocprof)."""
         if self._exe.gpu:
             raise DiscError(f"stats() counts CPU kernels; this function runs its kernels on a {self._exe.gpu} GPU "
                             "(time them with the vendor's profiler: nsys, rocprof)")
+        if not _collecting:
+            raise DiscError("kernel statistics are off: call disc.collect_stats() (or set DISC_STATS=1) before the calls to count")
         out = {k.name: kernel_stats(symbol_address(self._exe.lib, k.name)) for k in self.kernels}
         for name in self._exe.artifact.header["info"]["library_calls"]:
             out[name] = kernel_stats(symbol_address(ral(), name))

@@ -174,6 +174,27 @@ def test_no_memory_growth_across_calls():
     assert after["bytes_cached"] == before["bytes_cached"]
 
 
+def test_cached_memory_goes_back_on_trim_and_past_the_limit():
+    """The runtime keeps the memory calls give back for the next calls, up to a limit, and gives
+    it all back on trim()."""
+    from disc_stablehlo.runtime import Runtime
+
+    f = disc.compile(lambda x: jnp.exp(x) * 2 + 1, *specs_for([(("n", 64), np.float32)], "n"))
+    rt = Runtime(1)
+    exe = type(f._exe)(f._exe.artifact, rt)
+    x = np.ones((1000, 64), np.float32)
+    exe.run([x])
+    assert rt.memory_stats()["bytes_cached"] > 0  # the result's buffer went back with the array, cached
+    rt.trim()
+    assert rt.memory_stats()["bytes_cached"] == 0
+    rt.set_cache_limits(max_cached_bytes=1000)
+    exe.run([x])
+    assert rt.memory_stats()["bytes_cached"] <= 1000  # the 256 KB blocks: past the limit, freed at once
+    rt.set_cache_limits()
+    exe.run([x])
+    assert rt.memory_stats()["bytes_cached"] >= x.nbytes
+
+
 @pytest.mark.parametrize("buffer_reuse", [True, False])
 def test_loop_temporaries_are_freed_inside_the_call(buffer_reuse):
     """A 500-iteration loop over a 64 KiB state must not keep every iteration's buffers."""

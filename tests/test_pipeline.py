@@ -267,6 +267,25 @@ def test_loops_vectorise_at_the_full_avx512_width(tmp_path):
     assert b"_ZGVeN16v_tanhf" in code and b"_ZGVdN8v_tanhf" not in code
 
 
+def test_stats_are_collected_only_when_asked_for():
+    """Off, calls write no shared statistics and stats() says how to turn them on."""
+    import jax
+
+    f = disc.compile(lambda x: x * 2, jax.ShapeDtypeStruct((4096, 64), np.float32))
+    x = np.ones((4096, 64), np.float32)
+    before = f.stats()[f.kernels[0].name]["calls"]
+    disc.collect_stats(False)
+    try:
+        f(x)
+        with pytest.raises(disc.DiscError, match=r"kernel statistics are off: call disc.collect_stats\(\)"):
+            f.stats()
+    finally:
+        disc.collect_stats()
+    assert f.stats()[f.kernels[0].name]["calls"] == before  # the call while off was not counted
+    f(x)
+    assert f.stats()[f.kernels[0].name]["calls"] == before + 1
+
+
 def test_stats_count_kernel_versions_and_library_calls():
     """Per kernel: calls, which version ran (thread pool, behind the GEMM's row blocks, or inline:
     chosen from the real sizes) and time; GEMM calls are counted too."""

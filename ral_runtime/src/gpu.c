@@ -164,8 +164,7 @@ static void hash_remove(hash_table *t, hash_node *n) {
 /* ------------------------------------------------------------------------------------------ */
 /* the device                                                                                 */
 
-/* Size classes m * 2^e for m in 4..7: a block wastes under a quarter of its request. The
- * smallest, 4 << 6 = 256 bytes, is cuMemAlloc's alignment. */
+/* Size classes (size_class): the smallest, 4 << 6 = 256 bytes, is cuMemAlloc's alignment. */
 #define GPU_MIN_SHIFT 6
 #define GPU_BINS 160 /* up to 7 << 45 bytes */
 
@@ -345,16 +344,9 @@ static ral_context *entry_context(const char *what, ral_gpu **g) {
 /* ------------------------------------------------------------------------------------------ */
 /* caching allocator                                                                          */
 
-static int gpu_bin(size_t bytes) {
-  if (bytes <= (size_t)4 << GPU_MIN_SHIFT) return 0;
-  int e = 63 - __builtin_clzll(bytes) - 2; /* bytes in [4 << e, 8 << e) */
-  size_t m = (bytes >> e) + ((bytes & (((size_t)1 << e) - 1)) != 0);
-  if (m == 8) m = 4, e++;
-  int bin = (e - GPU_MIN_SHIFT) * 4 + (int)(m - 4);
-  return bin < GPU_BINS ? bin : -1;
-}
+static int gpu_bin(size_t bytes) { return size_class(bytes, GPU_MIN_SHIFT, GPU_BINS); }
 
-static size_t gpu_bin_bytes(int bin) { return (size_t)(4 + bin % 4) << (bin / 4 + GPU_MIN_SHIFT); }
+static size_t gpu_bin_bytes(int bin) { return class_bytes(bin, GPU_MIN_SHIFT); }
 
 static gpu_pool *pool_of(ral_gpu *g, void *stream) {
   gpu_pool *p = g->pools;
@@ -378,6 +370,13 @@ static void release_cached(ral_gpu *g) {
         free(b);
       }
   g->stats.bytes_cached = 0;
+}
+
+void gpu_trim(ral_gpu *g) {
+  if (gpu_bind(g) != CUDA_SUCCESS) return;
+  pthread_mutex_lock(&g->alloc_lock);
+  release_cached(g);
+  pthread_mutex_unlock(&g->alloc_lock);
 }
 
 /* A block of `bytes` (> 0) for work on `stream`, the caller bound to the device: from the

@@ -12,46 +12,61 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #define RAL_ALIGN 64
-#define RAL_HEADER 64 /* keeps user pointers 64-byte aligned */
-#define RAL_NUM_BINS 48
-#define RAL_MAX_CACHED_BLOCKS 64 /* per bin */
+#define RAL_HEADER 64    /* keeps user pointers 64-byte aligned */
+#define RAL_MIN_SHIFT 4  /* the smallest size class: 4 << 4 = 64 bytes */
+#define RAL_NUM_BINS 160 /* up to 7 << 43 bytes */
+#define RAL_SWEEP_NS 1000000000 /* idle blocks are looked for at most once a second */
+#define RAL_DEFAULT_MAX_CACHED ((int64_t)1 << 30)
+#define RAL_DEFAULT_IDLE_MS 10000
+
+/* ------------------------------------------------------------------------------------------ */
+/* size classes (host and device allocators)                                                  */
+
+int size_class(size_t bytes, int min_shift, int bins) {
+  if (bytes <= (size_t)4 << min_shift) return 0;
+  int e = 63 - __builtin_clzll(bytes) - 2; /* bytes in [4 << e, 8 << e) */
+  size_t m = (bytes >> e) + ((bytes & (((size_t)1 << e) - 1)) != 0);
+  if (m == 8) m = 4, e++;
+  int bin = (e - min_shift) * 4 + (int)(m - 4);
+  return bin < bins ? bin : -1;
+}
+
+size_t class_bytes(int bin, int min_shift) { return (size_t)(4 + bin % 4) << (bin / 4 + min_shift); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* caching allocator                                                                          */
 
 typedef struct block_header {
-  int64_t bin;  /* size class: capacity is 1 << bin bytes */
-  int64_t used; /* bytes requested */
+  int64_t bin;       /* size class: capacity class_bytes(bin) */
+  int64_t used;      /* bytes requested */
+  int64_t cached_ns; /* when it was last given back */
   struct block_header *next_free;
 } block_header;
 
 typedef struct {
   pthread_mutex_t lock;
-  block_header *free_list[RAL_NUM_BINS];
-  int free_count[RAL_NUM_BINS];
+  block_header *free_list[RAL_NUM_BINS]; /* the most recently given back first */
   ral_memory_stats stats;
+  int64_t max_cached; /* bytes: a block that would take bytes_cached past it is freed */
+  int64_t idle_ns;    /* a block cached longer is freed */
+  int64_t swept_ns;   /* the last look for idle blocks */
 } allocator;
 
-static int size_bin(size_t bytes) {
-  int bin = 6; /* 64 bytes at least */
-  while (bin < RAL_NUM_BINS - 1 && ((size_t)1 << bin) < bytes) bin++;
-  return bin;
-}
-
 static void *allocator_get(allocator *a, size_t bytes) {
-  int bin = size_bin(bytes);
-  if (((size_t)1 << bin) < bytes) return NULL;
+  int bin = size_class(bytes, RAL_MIN_SHIFT, RAL_NUM_BINS);
+  if (bin < 0) return NULL;
+  size_t size = class_bytes(bin, RAL_MIN_SHIFT);
   pthread_mutex_lock(&a->lock);
   block_header *h = a->free_list[bin];
   if (h) {
     a->free_list[bin] = h->next_free;
-    a->free_count[bin]--;
-    a->stats.bytes_cached -= (int64_t)1 << bin;
+    a->stats.bytes_cached -= (int64_t)size;
     a->stats.cache_hits++;
   }
   a->stats.allocations++;
@@ -59,7 +74,7 @@ static void *allocator_get(allocator *a, size_t bytes) {
   if (a->stats.bytes_in_use > a->stats.peak_bytes) a->stats.peak_bytes = a->stats.bytes_in_use;
   pthread_mutex_unlock(&a->lock);
   if (!h) {
-    h = aligned_alloc(RAL_ALIGN, ((size_t)1 << bin) + RAL_HEADER);
+    h = aligned_alloc(RAL_ALIGN, size + RAL_HEADER);
     if (!h) {
       pthread_mutex_lock(&a->lock);
       a->stats.bytes_in_use -= (int64_t)bytes;
@@ -73,31 +88,62 @@ static void *allocator_get(allocator *a, size_t bytes) {
   return (char *)h + RAL_HEADER;
 }
 
+/* Unlinks the cached blocks given back before `before_ns` (all: INT64_MAX) into a list, with the
+ * lock held. */
+static block_header *allocator_take_cached(allocator *a, int64_t before_ns) {
+  block_header *out = NULL;
+  for (int bin = 0; bin < RAL_NUM_BINS; bin++) {
+    for (block_header **p = &a->free_list[bin]; *p;) {
+      block_header *h = *p;
+      if (h->cached_ns < before_ns) {
+        *p = h->next_free;
+        a->stats.bytes_cached -= (int64_t)class_bytes((int)h->bin, RAL_MIN_SHIFT);
+        h->next_free = out;
+        out = h;
+      } else {
+        p = &h->next_free;
+      }
+    }
+  }
+  return out;
+}
+
+static void free_blocks(block_header *h) {
+  while (h) {
+    block_header *next = h->next_free;
+    free(h);
+    h = next;
+  }
+}
+
+/* Frees the blocks cached longer than the idle time, at most once a second. */
+static void allocator_sweep(allocator *a, int64_t now) {
+  block_header *idle = NULL;
+  pthread_mutex_lock(&a->lock);
+  if (now - a->swept_ns >= RAL_SWEEP_NS || a->idle_ns == 0) {
+    a->swept_ns = now;
+    idle = allocator_take_cached(a, now - a->idle_ns);
+  }
+  pthread_mutex_unlock(&a->lock);
+  free_blocks(idle);
+}
+
 static void allocator_put(allocator *a, void *ptr) {
   if (!ptr) return;
   block_header *h = (block_header *)((char *)ptr - RAL_HEADER);
-  int bin = (int)h->bin;
+  int64_t size = (int64_t)class_bytes((int)h->bin, RAL_MIN_SHIFT), now = now_ns();
   pthread_mutex_lock(&a->lock);
   a->stats.bytes_in_use -= h->used;
-  if (a->free_count[bin] < RAL_MAX_CACHED_BLOCKS) {
-    h->next_free = a->free_list[bin];
-    a->free_list[bin] = h;
-    a->free_count[bin]++;
-    a->stats.bytes_cached += (int64_t)1 << bin;
+  if (a->stats.bytes_cached + size <= a->max_cached) {
+    h->cached_ns = now;
+    h->next_free = a->free_list[h->bin];
+    a->free_list[h->bin] = h;
+    a->stats.bytes_cached += size;
     h = NULL;
   }
   pthread_mutex_unlock(&a->lock);
   free(h);
-}
-
-static void allocator_release_all(allocator *a) {
-  for (int bin = 0; bin < RAL_NUM_BINS; bin++) {
-    while (a->free_list[bin]) {
-      block_header *h = a->free_list[bin];
-      a->free_list[bin] = h->next_free;
-      free(h);
-    }
-  }
+  allocator_sweep(a, now);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -121,6 +167,8 @@ typedef struct {
   atomic_int stopping;
   int num_workers;
   pthread_t *workers;
+  void (*idle)(void *arg); /* called by a worker that waited a second for work */
+  void *idle_arg;
 } thread_pool;
 
 /* Spin this many rounds on an atomic before sleeping: waking a sleeping thread costs tens of
@@ -159,10 +207,19 @@ static void *worker_main(void *arg) {
       gen = atomic_load(&pool->generation);
     }
     if (gen == seen) {
+      int waited = 0;
       pthread_mutex_lock(&pool->lock);
-      while (!atomic_load(&pool->stopping) && atomic_load(&pool->generation) == seen)
-        pthread_cond_wait(&pool->wake, &pool->lock);
+      while (!atomic_load(&pool->stopping) && atomic_load(&pool->generation) == seen && !waited) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        waited = pthread_cond_timedwait(&pool->wake, &pool->lock, &until) == ETIMEDOUT;
+      }
       pthread_mutex_unlock(&pool->lock);
+      if (waited) { /* idle: a chance to give cached memory back; then wait again */
+        if (pool->idle) pool->idle(pool->idle_arg);
+        continue;
+      }
     }
     if (atomic_load(&pool->stopping)) break;
     seen = atomic_load(&pool->generation);
@@ -232,6 +289,8 @@ struct ral_runtime {
 
 int ral_abi_version(void) { return RAL_ABI_VERSION; }
 
+static void runtime_idle(void *arg) { allocator_sweep(&((ral_runtime *)arg)->alloc, now_ns()); }
+
 static _Thread_local char create_error[512];
 
 const char *ral_runtime_create_error(void) { return create_error; }
@@ -259,6 +318,8 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     return RAL_ERR_OUT_OF_MEMORY;
   }
   pthread_mutex_init(&rt->alloc.lock, NULL);
+  rt->alloc.max_cached = RAL_DEFAULT_MAX_CACHED;
+  rt->alloc.idle_ns = (int64_t)RAL_DEFAULT_IDLE_MS * 1000000;
   atomic_init(&rt->refs, 1);
   if (blas_path && blas_path[0]) {
     rt->blas = dlopen(blas_path, RTLD_NOW | RTLD_LOCAL);
@@ -292,6 +353,8 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     num_threads = sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : (int)sysconf(_SC_NPROCESSORS_ONLN);
   }
   if (num_threads < 1) num_threads = 1;
+  rt->pool.idle = runtime_idle;
+  rt->pool.idle_arg = rt;
   /* the calling thread works too, so the pool holds one thread fewer */
   if (!pool_start(&rt->pool, num_threads - 1)) {
     runtime_error("cannot start the thread pool");
@@ -308,7 +371,7 @@ void ral_runtime_destroy(ral_runtime *rt) {
   if (!rt || atomic_fetch_sub(&rt->refs, 1) > 1) return;
   if (rt->pool.workers) pool_stop(&rt->pool);
   if (runtime_gpu(rt)) gpu_destroy(runtime_gpu(rt));
-  allocator_release_all(&rt->alloc);
+  free_blocks(allocator_take_cached(&rt->alloc, INT64_MAX));
   pthread_mutex_destroy(&rt->alloc.lock);
   if (rt->blas) dlclose(rt->blas);
   free(rt);
@@ -320,6 +383,24 @@ void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out) {
   pthread_mutex_lock(&rt->alloc.lock);
   *out = rt->alloc.stats;
   pthread_mutex_unlock(&rt->alloc.lock);
+}
+
+void ral_runtime_set_cache_limits(ral_runtime *rt, int64_t max_cached_bytes, int64_t idle_ms) {
+  pthread_mutex_lock(&rt->alloc.lock);
+  rt->alloc.max_cached = max_cached_bytes < 0 ? 0 : max_cached_bytes;
+  rt->alloc.idle_ns = (idle_ms < 0 ? 0 : idle_ms) * 1000000;
+  block_header *over = rt->alloc.stats.bytes_cached > rt->alloc.max_cached ? allocator_take_cached(&rt->alloc, INT64_MAX) : NULL;
+  pthread_mutex_unlock(&rt->alloc.lock);
+  free_blocks(over);
+  allocator_sweep(&rt->alloc, now_ns());
+}
+
+void ral_runtime_trim(ral_runtime *rt) {
+  pthread_mutex_lock(&rt->alloc.lock);
+  block_header *cached = allocator_take_cached(&rt->alloc, INT64_MAX);
+  pthread_mutex_unlock(&rt->alloc.lock);
+  free_blocks(cached);
+  if (runtime_gpu(rt)) gpu_trim(runtime_gpu(rt));
 }
 
 void ral_runtime_reset_peak(ral_runtime *rt) {
@@ -573,7 +654,12 @@ int64_t now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+static atomic_int stats_on; /* off until asked for: no writes to the shared table */
+
+void ral_kernel_stats_enable(int on) { atomic_store(&stats_on, on != 0); }
+
 void stat_record(const void *key, int pooled, int64_t start_ns) {
+  if (!atomic_load_explicit(&stats_on, memory_order_relaxed)) return;
   kernel_stat *s = stat_slot(key, 1);
   if (!s) return;
   atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);
@@ -583,6 +669,7 @@ void stat_record(const void *key, int pooled, int64_t start_ns) {
 
 /* a kernel that ran as a GEMM epilogue, `ns` in total over the row blocks */
 static void stat_fused(const void *key, int64_t ns) {
+  if (!atomic_load_explicit(&stats_on, memory_order_relaxed)) return;
   kernel_stat *s = stat_slot(key, 1);
   if (!s) return;
   atomic_fetch_add_explicit(&s->calls, 1, memory_order_relaxed);

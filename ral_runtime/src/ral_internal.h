@@ -49,6 +49,13 @@ RAL_INTERNAL void gpu_destroy(ral_gpu *gpu);
 /* Gives the context's device buffers back to the GPU cache. */
 RAL_INTERNAL void gpu_release_context(ral_context *ctx);
 
+/* Size classes m * 2^e for m in 4..7 (a block wastes under a quarter of its request), the
+ * smallest 4 << min_shift bytes: the class of `bytes` (-1 past `bins` classes) and its capacity. */
+RAL_INTERNAL int size_class(size_t bytes, int min_shift, int bins);
+RAL_INTERNAL size_t class_bytes(int bin, int min_shift);
+/* Frees the GPU's cached blocks (gpu.c). */
+RAL_INTERNAL void gpu_trim(ral_gpu *gpu);
+
 /* Per-kernel statistics (ral_kernel_stats): a call of `key` that began at `start_ns`. */
 RAL_INTERNAL int64_t now_ns(void);
 RAL_INTERNAL void stat_record(const void *key, int pooled, int64_t start_ns);

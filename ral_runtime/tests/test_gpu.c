@@ -574,6 +574,7 @@ static void test_other_api(void) {
 }
 
 int main(void) {
+  ral_kernel_stats_enable(1);
   ral_runtime *rt;
   CHECK(ral_runtime_create(NULL, 2, &rt) == RAL_OK);
   test_enable(rt);

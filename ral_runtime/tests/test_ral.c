@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "small_gemm.h"
 #include "check.h"
@@ -38,6 +39,60 @@ static void test_allocator_reuse_and_take(ral_runtime *rt) {
   ral_runtime_reset_peak(rt);
   ral_runtime_memory_stats(rt, &st);
   CHECK(st.peak_bytes == 0);
+}
+
+static ral_memory_stats host_stats(ral_runtime *rt) {
+  ral_memory_stats st;
+  ral_runtime_memory_stats(rt, &st);
+  return st;
+}
+
+/* Cached memory: size classes wasting under a quarter of a request, a limit past which a block
+ * given back is freed, blocks idle past the idle time freed (by a pool worker while it waits),
+ * and ral_runtime_trim. */
+static void test_cache_limits(void) {
+  ral_runtime *rt;
+  CHECK(ral_runtime_create(NULL, 2, &rt) == RAL_OK); /* one pool worker */
+  ral_context *ctx;
+  size_t sizes[] = {1, 64, 65, 100, 1000, 1025, 4097, 100000, 1 << 20, (1 << 20) + 1, 123456789};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+    CHECK(ral_alloc(ctx, sizes[i]) != NULL);
+    ral_context_destroy(ctx);
+    int64_t cached = host_stats(rt).bytes_cached;
+    CHECK(cached >= (int64_t)sizes[i] && (sizes[i] < 64 || cached * 4 <= (int64_t)sizes[i] * 5)); /* <= 25 % more */
+    ral_runtime_trim(rt);
+    CHECK(host_stats(rt).bytes_cached == 0);
+  }
+  ral_runtime_set_cache_limits(rt, 10000, 60000);
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  for (int i = 0; i < 5; i++) CHECK(ral_alloc(ctx, 4000) != NULL);
+  ral_context_destroy(ctx);
+  CHECK(host_stats(rt).bytes_cached == 8192); /* two 4096-byte blocks fit under 10000, the others were freed */
+  ral_runtime_set_cache_limits(rt, 1 << 30, 50); /* idle after 50 ms */
+  struct timespec pause = {1, 500000000};
+  nanosleep(&pause, NULL); /* the worker waits a second for work, then looks */
+  CHECK(host_stats(rt).bytes_cached == 0);
+  ral_runtime_destroy(rt);
+}
+
+static void count_nothing(void *data, int64_t lo, int64_t hi) { (void)data, (void)lo, (void)hi; }
+
+/* Kernel statistics are collected only while asked for. */
+static void test_stats_off_until_enabled(ral_runtime *rt) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  ral_kernel_stat st;
+  disc_ral_parallel_for(count_nothing, NULL, 4, 4);
+  ral_kernel_stats((const void *)count_nothing, &st);
+  CHECK(st.calls == 0);
+  ral_kernel_stats_enable(1);
+  disc_ral_parallel_for(count_nothing, NULL, 4, 4);
+  ral_kernel_stats((const void *)count_nothing, &st);
+  CHECK(st.calls == 1 && st.pool_calls == 0);
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
 }
 
 static void test_generated_code_hooks(ral_runtime *rt) {
@@ -459,6 +514,8 @@ int main(int argc, char **argv) {
   CHECK(ral_runtime_create(blas, 3, &rt) == RAL_OK);
   CHECK(ral_runtime_num_threads(rt) == 3);
   test_allocator_reuse_and_take(rt);
+  test_stats_off_until_enabled(rt); /* and on from here */
+  test_cache_limits();
   test_generated_code_hooks(rt);
   test_failures_end_the_call(rt);
   test_parallel_for(rt);

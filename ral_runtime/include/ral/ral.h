@@ -59,6 +59,13 @@ typedef struct {
 void ral_runtime_memory_stats(ral_runtime *rt, ral_memory_stats *out);
 /* Starts a new high-water mark: peak_bytes = bytes_in_use. */
 void ral_runtime_reset_peak(ral_runtime *rt);
+/* Host memory given back is kept for reuse (size classes wasting under a quarter of a request)
+ * up to `max_cached_bytes` in all (default 1 GiB; a block past it is freed at once) and for
+ * `idle_ms` (default 10000): blocks cached longer are freed, looked for at most once a second as
+ * memory is given back and, with a thread pool, while it waits for work. */
+void ral_runtime_set_cache_limits(ral_runtime *rt, int64_t max_cached_bytes, int64_t idle_ms);
+/* Frees every cached block, host and device. */
+void ral_runtime_trim(ral_runtime *rt);
 
 ral_status ral_context_create(ral_runtime *rt, ral_context **out);
 /* Frees every buffer the context still owns. */
@@ -119,7 +126,9 @@ void disc_ral_parallel_for(ral_parallel_body body, void *data, int64_t n, int64_
 /* Statistics of a kernel (a parallel loop body, or a library entry such as disc_ral_gemm_f32)
  * over the whole process: calls, calls that used the thread pool, calls that ran as a GEMM
  * epilogue behind its row blocks (the rest ran inline: the small-size version), and wall time
- * in nanoseconds. Zeros for a kernel never called. */
+ * in nanoseconds. Zeros for a kernel never called. Counted only while collection is on
+ * (ral_kernel_stats_enable(1); off at start: calls then write no shared state). */
+void ral_kernel_stats_enable(int on);
 typedef struct {
   int64_t calls, pool_calls, fused_calls, ns;
 } ral_kernel_stat;
