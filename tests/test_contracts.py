@@ -74,6 +74,18 @@ CASES = {
         return %1 : tensor<2xf32>
       }""", [np.arange(3, dtype=np.float32), np.ones(3, np.float32), np.array(1, np.int32)], lambda x, y, i: (x + y)[1:3],
         [np.ones(1, np.float32), np.ones(1, np.float32), np.array(0, np.int32)], r"stablehlo.dynamic_slice at .*: slice size 2 of dim 0"),
+    "several checks of both kinds": ("""
+      func.func @main(%x: tensor<?xf32>, %y: tensor<?xf32>, %z: tensor<?xf32>, %i: tensor<i32>) -> tensor<2xf32> {
+        %0 = stablehlo.add %x, %y : tensor<?xf32>
+        %1 = stablehlo.multiply %0, %z : tensor<?xf32>
+        %2 = stablehlo.dynamic_slice %1, %i, sizes = [2] : (tensor<?xf32>, tensor<i32>) -> tensor<2xf32>
+        %3 = stablehlo.dynamic_slice %0, %i, sizes = [2] : (tensor<?xf32>, tensor<i32>) -> tensor<2xf32>
+        %4 = stablehlo.add %2, %3 : tensor<2xf32>
+        return %4 : tensor<2xf32>
+      }""", [np.arange(3, dtype=np.float32), np.ones(3, np.float32), np.full(3, 2, np.float32), np.array(0, np.int32)],
+        lambda x, y, z, i: ((x + y) * z + (x + y))[:2],
+        [np.ones(3, np.float32), np.ones(3, np.float32), np.ones(4, np.float32), np.array(0, np.int32)],
+        r"stablehlo.multiply at .*is 3, but .*is 4"),
     "real_dynamic_slice past its operand": ("""
       func.func @main(%x: tensor<?xf32>, %a: tensor<1xi64>, %b: tensor<1xi64>, %c: tensor<1xi64>) -> tensor<?xf32> {
         %0 = stablehlo.real_dynamic_slice %x, %a, %b, %c : (tensor<?xf32>, tensor<1xi64>, tensor<1xi64>, tensor<1xi64>) -> tensor<?xf32>

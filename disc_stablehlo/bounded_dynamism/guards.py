@@ -110,11 +110,11 @@ def emit_contract_checks(module: ir.Module, entry: ir.Operation, shapes: ShapeAn
                 shapes.checks.append(f"{site}: {name(a)} == {name(b)} ({why}): over intermediate dims, not checked here")
                 continue
             text = f"{site}: {name(a)} is {{0}}, but {name(b)} is {{1}} ({why}: they must be equal)"
-            top.insert(ir.Operation.parse(llvm_string(f"__disc_contract_{checks}", text)))
+            top.insert(ir.Operation.parse(llvm_string(f"__disc_argument_contract_{checks}", text)))
             differ = create_value("arith.cmpi", [va, vb], i1, predicate=ir.IntegerAttr.get(i64, 1))  # ne
             ir.Operation.create("func.call", operands=[
                 create_value("arith.extui", [differ], i64),
-                create_value("llvm.mlir.addressof", [], ptr, global_name=ir.FlatSymbolRefAttr.get(f"__disc_contract_{checks}")),
+                create_value("llvm.mlir.addressof", [], ptr, global_name=ir.FlatSymbolRefAttr.get(f"__disc_argument_contract_{checks}")),
                 create_value("arith.index_cast", [va], i64), create_value("arith.index_cast", [vb], i64)],
                 attributes={"callee": ir.FlatSymbolRefAttr.get(CHECK_SHAPE)})
         shapes.checks.append(f"{site}: {name(a)} == {name(b)} ({why})")
