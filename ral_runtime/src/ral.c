@@ -74,7 +74,7 @@ static void *allocator_get(allocator *a, size_t bytes) {
   if (a->stats.bytes_in_use > a->stats.peak_bytes) a->stats.peak_bytes = a->stats.bytes_in_use;
   pthread_mutex_unlock(&a->lock);
   if (!h) {
-    h = aligned_alloc(RAL_ALIGN, size + RAL_HEADER);
+    h = aligned_alloc(RAL_ALIGN, (size + RAL_HEADER + RAL_ALIGN - 1) / RAL_ALIGN * RAL_ALIGN); /* a multiple of the alignment */
     if (!h) {
       pthread_mutex_lock(&a->lock);
       a->stats.bytes_in_use -= (int64_t)bytes;
