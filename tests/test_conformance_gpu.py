@@ -18,7 +18,11 @@ import pytest
 import disc_stablehlo as disc
 from disc_stablehlo.targets import cuda
 
-SUITE = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "suite" / "stablehlo" / "testdata"
+# the shared suite: $DISC_CONFORMANCE_SUITE, else ../shared next to the checkout, else the shared
+# folder of the machines this project is developed on
+SUITE = next((p for p in (Path(os.environ.get("DISC_CONFORMANCE_SUITE", "/nonexistent")),
+                          Path(__file__).resolve().parents[2] / "shared" / "conformance" / "suite",
+                          Path("/work/shared/conformance/suite")) if p.is_dir()), Path("/nonexistent")) / "stablehlo" / "testdata"
 TARGETS = ["cuda:sm_80", "cuda:sm_90", "rocm:gfx90a", "rocm:gfx942"]
 CHUNKS = 16
 # cases that are an UnsupportedOpError saying this, on every target: an op no target lowers yet

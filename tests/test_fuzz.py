@@ -143,14 +143,10 @@ def _dims_fit(name: str, env: dict[str, int]) -> bool:
 
 
 def _compiled(name):
+    """The program compiled once, for every shape (reshape_split: for even b)."""
     fn, args, _ = PROGRAMS[name]
     used = sorted({d for shape, _ in args for d in shape if isinstance(d, str)})
-    if name == "reshape_split":
-        return disc.compile(fn, *specs_for(args, ", ".join(used))) if False else _with_constraints(fn, args, used, ["mod(b, 2) == 0"])
-    return disc.compile(fn, *specs_for(args, ", ".join(used)))
-
-
-def _with_constraints(fn, args, used, constraints):
+    constraints = ["mod(b, 2) == 0"] if name == "reshape_split" else []
     syms = dict(zip(used, jax.export.symbolic_shape(", ".join(used), constraints=constraints)))
     return disc.compile(fn, *[jax.ShapeDtypeStruct(tuple(syms[d] if isinstance(d, str) else d for d in shape), dtype) for shape, dtype in args])
 
