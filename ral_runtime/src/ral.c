@@ -116,11 +116,12 @@ static void free_blocks(block_header *h) {
   }
 }
 
-/* Frees the blocks cached longer than the idle time, at most once a second. */
-static void allocator_sweep(allocator *a, int64_t now) {
+/* Frees the blocks cached longer than the idle time: at most once a second, or (`now_anyway`: a
+ * pool worker that waited a second for work) at once. */
+static void allocator_sweep(allocator *a, int64_t now, int now_anyway) {
   block_header *idle = NULL;
   pthread_mutex_lock(&a->lock);
-  if (now - a->swept_ns >= RAL_SWEEP_NS || a->idle_ns == 0) {
+  if (now_anyway || now - a->swept_ns >= RAL_SWEEP_NS || a->idle_ns == 0) {
     a->swept_ns = now;
     idle = allocator_take_cached(a, now - a->idle_ns);
   }
@@ -143,7 +144,7 @@ static void allocator_put(allocator *a, void *ptr) {
   }
   pthread_mutex_unlock(&a->lock);
   free(h);
-  allocator_sweep(a, now);
+  allocator_sweep(a, now, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -289,7 +290,7 @@ struct ral_runtime {
 
 int ral_abi_version(void) { return RAL_ABI_VERSION; }
 
-static void runtime_idle(void *arg) { allocator_sweep(&((ral_runtime *)arg)->alloc, now_ns()); }
+static void runtime_idle(void *arg) { allocator_sweep(&((ral_runtime *)arg)->alloc, now_ns(), 1); }
 
 static _Thread_local char create_error[512];
 
@@ -392,7 +393,7 @@ void ral_runtime_set_cache_limits(ral_runtime *rt, int64_t max_cached_bytes, int
   block_header *over = rt->alloc.stats.bytes_cached > rt->alloc.max_cached ? allocator_take_cached(&rt->alloc, INT64_MAX) : NULL;
   pthread_mutex_unlock(&rt->alloc.lock);
   free_blocks(over);
-  allocator_sweep(&rt->alloc, now_ns());
+  allocator_sweep(&rt->alloc, now_ns(), 0);
 }
 
 void ral_runtime_trim(ral_runtime *rt) {
