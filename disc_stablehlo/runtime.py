@@ -82,12 +82,12 @@ def ral() -> ctypes.CDLL:
     if lib.ral_abi_version() != artifact.RAL_ABI_VERSION:
         raise DiscError(f"{RAL_LIBRARY} has RAL ABI version {lib.ral_abi_version()}, this package needs "
                         f"{artifact.RAL_ABI_VERSION}: reinstall the package")
-    if os.environ.get("DISC_STATS") == "1":
+    if _collecting:
         lib.ral_kernel_stats_enable(1)
     return lib
 
 
-_collecting = os.environ.get("DISC_STATS") == "1"
+_collecting = os.environ.get("DISC_STATS") == "1"  # the state ral_kernel_stats_enable was last given
 
 
 def collect_stats(on: bool = True) -> None:
@@ -181,14 +181,26 @@ def _device_copy(address: int, a: np.ndarray) -> DeviceArray:
     return DeviceArray(address, a.shape, tuple(s // a.itemsize for s in a.strides), a.dtype)
 
 
-def _upload(ctx: ctypes.c_void_p, a: np.ndarray) -> DeviceArray:
-    """A copy of the contiguous host array `a` in device memory of the call `ctx` (made on its
-    stream, freed with it to that stream's pool: nothing reuses it before the call's work is done)."""
+def _call_buffer(ctx: ctypes.c_void_p, nbytes: int) -> int:
+    """Device memory of the call `ctx` (for its stream, freed with it to that stream's pool:
+    nothing reuses it before the call's work is done)."""
     out = ctypes.c_void_p()
-    if ral().ral_context_gpu_alloc(ctx, max(a.nbytes, 1), ctypes.byref(out)) != 0:
+    if ral().ral_context_gpu_alloc(ctx, max(nbytes, 1), ctypes.byref(out)) != 0:
         raise RuntimeFailure(ral().ral_context_message(ctx).decode())
-    _copy(ctx, out.value, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
-    return _device_copy(out.value, a)
+    return out.value
+
+
+def _upload(ctx: ctypes.c_void_p, a: np.ndarray) -> DeviceArray:
+    """A copy of the contiguous host array `a` in device memory of the call `ctx`, made on its stream."""
+    address = _call_buffer(ctx, a.nbytes)
+    _copy(ctx, address, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
+    return _device_copy(address, a)
+
+
+def _synchronize(ctx: ctypes.c_void_p) -> None:
+    """Waits for the work on the context's stream."""
+    if ral().ral_context_synchronize(ctx) != 0:
+        raise RuntimeFailure(ral().ral_context_message(ctx).decode())
 
 
 def _copy(ctx: ctypes.c_void_p, dst: int, src: int, nbytes: int, direction: int) -> None:
@@ -257,8 +269,7 @@ class Runtime:
         weakref.finalize(d, self._free, ctypes.c_void_p(out.value))  # holds the runtime: it frees its buffers when destroyed
         with _Context(self) as ctx:
             _copy(ctx, out.value, a.ctypes.data, a.nbytes, HOST_TO_DEVICE)
-            if ral().ral_context_synchronize(ctx) != 0:
-                raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+            _synchronize(ctx)
         return d
 
     def _free(self, address: ctypes.c_void_p) -> None:
@@ -370,12 +381,10 @@ def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype:
     code = _dlpack_type(dtype)
     if consume is not None and code is not None:
         if address != allocated or not ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
-            copy = ctypes.c_void_p()
-            if ral().ral_context_gpu_alloc(ctx, max(span, 1), ctypes.byref(copy)) != 0:
-                raise RuntimeFailure(ral().ral_context_message(ctx).decode())
-            _copy(ctx, copy.value, address, span, DEVICE_TO_DEVICE)
-            address = copy.value
-            ral().ral_context_take(ctx, copy)
+            copy = _call_buffer(ctx, span)
+            _copy(ctx, copy, address, span, DEVICE_TO_DEVICE)
+            address = copy
+            ral().ral_context_take(ctx, ctypes.c_void_p(copy))
         dims = np.array([*shape, *(s // dtype.itemsize for s in strides)], np.int64)
         managed = ral().ral_gpu_dlpack(rt.handle, ctypes.c_void_p(address), rank, dims.ctypes.data, dims.ctypes.data + 8 * rank, *code)
         if not managed:
@@ -505,8 +514,8 @@ class Executable:
             if self.gpu:
                 outs = [_device_result(self.runtime, ctx, desc, spec.dtype, len(spec.shape), consume)
                         for desc, spec in zip(results, self.signature.results)]
-                if synchronize and ral().ral_context_synchronize(ctx) != 0:
-                    raise RuntimeFailure(ral().ral_context_message(ctx).decode())
+                if synchronize:
+                    _synchronize(ctx)
                 return outs
             return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
 

@@ -26,7 +26,7 @@ from torch_mlir.dialects import llvm as llvm_dialect
 
 from ..artifact import Kernel
 from ..errors import UnsupportedOpError
-from ..mlir_support import create_value, describe, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
+from ..mlir_support import create_value, describe, index_constant, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
 from .buffers import element_bytes
 from .loops import VIEWS, _new_loop, loop_bounds
 from .lower import LoweringState, clone_captured_constants
@@ -353,8 +353,7 @@ def _one_thread(module: ir.Module) -> None:
     for op in [op for op in walk(module.operation) if ONE_THREAD in op.attributes]:
         del op.attributes[ONE_THREAD]  # now the kernel's
         with ir.InsertionPoint(op), op.location:
-            zero, one = (create_value("arith.constant", [], ir.IndexType.get(), value=ir.IntegerAttr.get(ir.IndexType.get(), v))
-                         for v in (0, 1))
+            zero, one = index_constant(0), index_constant(1)
             loop, body = _new_loop([(zero, one, one)])
         loop.attributes[ONE_THREAD] = ir.UnitAttr.get()
         op.move_before(list(body.operations)[-1])
