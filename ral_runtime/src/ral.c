@@ -150,21 +150,24 @@ static void allocator_put(allocator *a, void *ptr) {
 /* ------------------------------------------------------------------------------------------ */
 /* thread pool                                                                                */
 
-typedef struct {
+typedef struct parallel_job {
   ral_parallel_body body;
   void *data;
   ral_context *ctx;
   int64_t end, grain;
   atomic_int_fast64_t next; /* next unclaimed iteration */
   atomic_int active;         /* workers that joined the job and have not left it */
+  atomic_int failed;         /* a chunk failed the call: no more chunks start */
+  struct parallel_job *next_open;
 } parallel_job;
 
+/* Any number of jobs are open at once (one per call running a parallel loop): each caller runs
+ * chunks of its own job, and the workers help the open jobs, the oldest first. */
 typedef struct {
   pthread_mutex_t lock;
   pthread_cond_t wake, done;
-  pthread_mutex_t submit; /* one job at a time; other callers wait here */
-  parallel_job *job;      /* the open job (NULL once its caller has run out of chunks) */
-  atomic_int_fast64_t generation; /* bumped once per job, after `job` is set */
+  parallel_job *open; /* the open jobs, oldest first (a job closes once its caller ran out of chunks) */
+  atomic_int_fast64_t generation; /* bumped once per job opened, after it is in `open` */
   atomic_int stopping;
   int num_workers;
   pthread_t *workers;
@@ -183,23 +186,41 @@ static inline void cpu_relax(void) {
 }
 
 static _Thread_local ral_context *tls_context;
-static _Thread_local int tls_in_pool;
+/* Set while the thread runs chunks of a parallel loop: a failure there (context_exit) leaves the
+ * chunk through it; parallel loops nested in a chunk run inline. */
+static _Thread_local jmp_buf *tls_chunk_exit;
 
 static void run_chunks(parallel_job *job) {
   ral_context *saved = tls_context;
+  jmp_buf *saved_exit = tls_chunk_exit;
+  jmp_buf exit;
   tls_context = job->ctx;
-  for (;;) {
-    int64_t lo = atomic_fetch_add(&job->next, job->grain);
-    if (lo >= job->end) break;
-    int64_t hi = lo + job->grain < job->end ? lo + job->grain : job->end;
-    job->body(job->data, lo, hi);
+  if (setjmp(exit) == 0) {
+    tls_chunk_exit = &exit;
+    for (;;) {
+      int64_t lo = atomic_fetch_add(&job->next, job->grain);
+      if (lo >= job->end) break;
+      int64_t hi = lo + job->grain < job->end ? lo + job->grain : job->end;
+      job->body(job->data, lo, hi);
+    }
+  } else { /* the chunk failed the call: nothing more of the loop runs */
+    atomic_store(&job->failed, 1);
+    atomic_store(&job->next, job->end);
   }
+  tls_chunk_exit = saved_exit;
   tls_context = saved;
+}
+
+/* The oldest open job with chunks left, joined (NULL: none); with the pool's lock held. */
+static parallel_job *join_open_job(thread_pool *pool) {
+  parallel_job *job = pool->open;
+  while (job && atomic_load(&job->next) >= job->end) job = job->next_open;
+  if (job) atomic_fetch_add(&job->active, 1);
+  return job;
 }
 
 static void *worker_main(void *arg) {
   thread_pool *pool = arg;
-  tls_in_pool = 1;
   int64_t seen = 0;
   for (;;) {
     int64_t gen = atomic_load(&pool->generation);
@@ -224,18 +245,19 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load(&pool->stopping)) break;
     seen = atomic_load(&pool->generation);
-    /* join the job only while it is open: a worker that wakes late (descheduled on a busy
-     * machine) finds it closed and goes back to waiting, and the caller never waits for it */
-    pthread_mutex_lock(&pool->lock);
-    parallel_job *job = pool->job;
-    if (job) atomic_fetch_add(&job->active, 1);
-    pthread_mutex_unlock(&pool->lock);
-    if (!job) continue;
-    run_chunks(job);
-    if (atomic_fetch_sub(&job->active, 1) == 1) { /* the job may be gone after this */
+    /* join jobs only while they are open: a worker that wakes late (descheduled on a busy
+     * machine) finds them closed and goes back to waiting, and no caller waits for it */
+    for (;;) {
       pthread_mutex_lock(&pool->lock);
-      pthread_cond_broadcast(&pool->done);
+      parallel_job *job = join_open_job(pool);
       pthread_mutex_unlock(&pool->lock);
+      if (!job) break;
+      run_chunks(job);
+      if (atomic_fetch_sub(&job->active, 1) == 1) { /* the job may be gone after this */
+        pthread_mutex_lock(&pool->lock);
+        pthread_cond_broadcast(&pool->done);
+        pthread_mutex_unlock(&pool->lock);
+      }
     }
   }
   return NULL;
@@ -243,7 +265,6 @@ static void *worker_main(void *arg) {
 
 static int pool_start(thread_pool *pool, int num_workers) {
   pthread_mutex_init(&pool->lock, NULL);
-  pthread_mutex_init(&pool->submit, NULL);
   pthread_cond_init(&pool->wake, NULL);
   pthread_cond_init(&pool->done, NULL);
   pool->workers = calloc((size_t)(num_workers > 0 ? num_workers : 1), sizeof(pthread_t));
@@ -265,7 +286,6 @@ static void pool_stop(thread_pool *pool) {
   pthread_cond_destroy(&pool->wake);
   pthread_cond_destroy(&pool->done);
   pthread_mutex_destroy(&pool->lock);
-  pthread_mutex_destroy(&pool->submit);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -414,6 +434,7 @@ ral_status ral_context_create(ral_runtime *rt, ral_context **out) {
   *out = calloc(1, sizeof(ral_context));
   if (!*out) return RAL_ERR_OUT_OF_MEMORY;
   (*out)->rt = rt;
+  pthread_mutex_init(&(*out)->lock, NULL);
   return RAL_OK;
 }
 
@@ -423,6 +444,7 @@ void ral_context_destroy(ral_context *ctx) {
   free(ctx->buffers.items);
   gpu_release_context(ctx);
   free(ctx->device_buffers.items);
+  pthread_mutex_destroy(&ctx->lock);
   free(ctx);
 }
 
@@ -434,13 +456,23 @@ ral_context *ral_context_enter(ral_context *ctx) {
 
 ral_context *current_context(void) { return tls_context; }
 
-ral_status ral_context_status(const ral_context *ctx) { return ctx->status; }
+ral_status ral_context_status(const ral_context *ctx) {
+  pthread_mutex_lock((pthread_mutex_t *)&ctx->lock);
+  ral_status status = ctx->status;
+  pthread_mutex_unlock((pthread_mutex_t *)&ctx->lock);
+  return status;
+}
+
 const char *ral_context_message(const ral_context *ctx) { return ctx->message; }
 
 void ral_context_fail(ral_context *ctx, ral_status status, const char *message) {
-  if (!ctx || ctx->status != RAL_OK) return;
-  ctx->status = status;
-  snprintf(ctx->message, sizeof ctx->message, "%s", message);
+  if (!ctx) return;
+  pthread_mutex_lock(&ctx->lock);
+  if (ctx->status == RAL_OK) {
+    ctx->status = status;
+    snprintf(ctx->message, sizeof ctx->message, "%s", message);
+  }
+  pthread_mutex_unlock(&ctx->lock);
 }
 
 ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void *results) {
@@ -450,11 +482,18 @@ ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void 
   return ctx->status;
 }
 
-/* After a failure, the rest of the entry is skipped when the failure happened in the entry's own
- * code on the thread that called it: not on a pool thread, not inside a parallel loop (whose
- * chunks hold the pool), where generated code goes on and the failure is reported at the end. */
+/* After a failure, the rest of the entry is skipped: inside a parallel loop the chunk is left
+ * (on any thread) and the loop ends the call once its chunks are done; in the entry's own code
+ * on the thread that called it, the call ends at once. */
 void context_exit(ral_context *ctx) {
-  if (ctx && ctx->in_call && !tls_in_pool && tls_context == ctx) longjmp(ctx->exit, 1);
+  if (!ctx || tls_context != ctx) return;
+  if (tls_chunk_exit) longjmp(*tls_chunk_exit, 1);
+  if (ctx->in_call) longjmp(ctx->exit, 1);
+}
+
+static void context_raise(ral_context *ctx, ral_status status, const char *message) {
+  ral_context_fail(ctx, status, message);
+  context_exit(ctx);
 }
 
 int ptr_list_add(ral_ptr_list *list, void *ptr) {
@@ -481,17 +520,32 @@ int ptr_list_remove(ral_ptr_list *list, const void *ptr) {
 
 /* Whether `ptr` points into a host buffer the context allocated (an intermediate of the call, not
  * an argument or a parameter). */
-static int context_owns(const ral_context *ctx, const void *ptr) {
-  for (size_t i = 0; i < ctx->buffers.count; i++) {
+static int context_owns(ral_context *ctx, const void *ptr) {
+  int owns = 0;
+  pthread_mutex_lock(&ctx->lock);
+  for (size_t i = 0; i < ctx->buffers.count && !owns; i++) {
     const char *base = ctx->buffers.items[i];
     const block_header *h = (const block_header *)(base - RAL_HEADER);
-    if ((const char *)ptr >= base && (const char *)ptr < base + h->used) return 1;
+    owns = (const char *)ptr >= base && (const char *)ptr < base + h->used;
   }
-  return 0;
+  pthread_mutex_unlock(&ctx->lock);
+  return owns;
 }
 
 int ral_context_take(ral_context *ctx, void *ptr) {
-  return ptr_list_remove(&ctx->buffers, ptr) || ptr_list_remove(&ctx->device_buffers, ptr);
+  pthread_mutex_lock(&ctx->lock);
+  int taken = ptr_list_remove(&ctx->buffers, ptr) || ptr_list_remove(&ctx->device_buffers, ptr);
+  pthread_mutex_unlock(&ctx->lock);
+  return taken;
+}
+
+/* A host buffer of the context given back before the end of the call (nothing if the context
+ * does not own it). */
+static void context_free(ral_context *ctx, void *ptr) {
+  pthread_mutex_lock(&ctx->lock);
+  int owned = ptr_list_remove(&ctx->buffers, ptr);
+  pthread_mutex_unlock(&ctx->lock);
+  if (owned) allocator_put(&ctx->rt->alloc, ptr);
 }
 
 void ral_buffer_free(ral_runtime *rt, void *ptr) { allocator_put(&rt->alloc, ptr); }
@@ -501,14 +555,15 @@ void *ral_alloc(ral_context *ctx, size_t bytes) {
   if (!ptr) {
     char msg[128];
     snprintf(msg, sizeof msg, "out of memory allocating %zu bytes", bytes);
-    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, msg);
-    context_exit(ctx);
+    context_raise(ctx, RAL_ERR_OUT_OF_MEMORY, msg);
     return NULL;
   }
-  if (!ptr_list_add(&ctx->buffers, ptr)) {
+  pthread_mutex_lock(&ctx->lock);
+  int recorded = ptr_list_add(&ctx->buffers, ptr);
+  pthread_mutex_unlock(&ctx->lock);
+  if (!recorded) {
     allocator_put(&ctx->rt->alloc, ptr);
-    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, "out of memory recording a buffer");
-    context_exit(ctx);
+    context_raise(ctx, RAL_ERR_OUT_OF_MEMORY, "out of memory recording a buffer");
     return NULL;
   }
   return ptr;
@@ -519,7 +574,7 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
   if (end <= begin) return;
   if (grain < 1) grain = 1;
   thread_pool *pool = &ctx->rt->pool;
-  if (tls_in_pool || pool->num_workers == 0 || end - begin <= grain) {
+  if (tls_chunk_exit || pool->num_workers == 0 || end - begin <= grain) {
     body(data, begin, end);
     return;
   }
@@ -528,24 +583,24 @@ void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int6
   parallel_job job = {.body = body, .data = data, .ctx = ctx, .end = end, .grain = grain};
   atomic_init(&job.next, begin);
   atomic_init(&job.active, 0);
-  pthread_mutex_lock(&pool->submit);
+  atomic_init(&job.failed, 0);
   pthread_mutex_lock(&pool->lock);
-  pool->job = &job;
+  parallel_job **tail = &pool->open;
+  while (*tail) tail = &(*tail)->next_open;
+  *tail = &job;
   atomic_fetch_add(&pool->generation, 1);
   pthread_cond_broadcast(&pool->wake);
   pthread_mutex_unlock(&pool->lock);
-  int was_in_pool = tls_in_pool;
-  tls_in_pool = 1; /* nested parallel loops in the caller's chunks run inline */
   run_chunks(&job);
-  tls_in_pool = was_in_pool;
   pthread_mutex_lock(&pool->lock);
-  pool->job = NULL; /* closed: only the workers that joined are waited for */
+  for (tail = &pool->open; *tail != &job;) tail = &(*tail)->next_open;
+  *tail = job.next_open; /* closed: only the workers that joined are waited for */
   pthread_mutex_unlock(&pool->lock);
   for (int i = 0; i < RAL_SPIN_ROUNDS && atomic_load(&job.active) > 0; i++) cpu_relax();
   pthread_mutex_lock(&pool->lock);
   while (atomic_load(&job.active) > 0) pthread_cond_wait(&pool->done, &pool->lock);
   pthread_mutex_unlock(&pool->lock);
-  pthread_mutex_unlock(&pool->submit);
+  if (atomic_load(&job.failed)) context_exit(ctx);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -595,8 +650,7 @@ void disc_ral_check_alloc(int64_t status, int64_t value, const char *what) {
     snprintf(msg, sizeof msg, "%s: a dim is negative (%lld)", what, (long long)value);
   else
     snprintf(msg, sizeof msg, "%s: its size in bytes overflows 63 bits", what);
-  ral_context_fail(tls_context, RAL_ERR_SHAPE, msg);
-  context_exit(tls_context);
+  context_raise(tls_context, RAL_ERR_SHAPE, msg);
 }
 
 void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b) {
@@ -612,14 +666,13 @@ void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b
     }
   }
   msg[n] = 0;
-  ral_context_fail(tls_context, RAL_ERR_SHAPE, msg);
-  context_exit(tls_context);
+  context_raise(tls_context, RAL_ERR_SHAPE, msg);
 }
 
 /* Buffers live until the end of the call (or are taken as results); a free from generated
  * code returns a block early only when the current context owns it. */
 void _mlir_memref_to_llvm_free(void *ptr) {
-  if (tls_context && ptr && ptr_list_remove(&tls_context->buffers, ptr)) ral_buffer_free(tls_context->rt, ptr);
+  if (tls_context && ptr) context_free(tls_context, ptr);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -713,7 +766,7 @@ void memrefCopy(int64_t element_size, ral_unranked_memref *src, ral_unranked_mem
   if (total == 0) return;
   int64_t index[16] = {0};
   if (rank > 16) {
-    ral_context_fail(tls_context, RAL_ERR_INVALID_ARGUMENT, "memrefCopy: rank above 16");
+    context_raise(tls_context, RAL_ERR_INVALID_ARGUMENT, "memrefCopy: rank above 16");
     return;
   }
   for (int64_t n = 0; n < total; n++) {
@@ -840,20 +893,20 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
   char message[160];
   if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
     snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
-    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+    context_raise(ctx, RAL_ERR_UNAVAILABLE, message);
     return;
   }
   if (g->epilogue && (rows != batch * g->m || g->ldc != g->n || (g->inner > 1 && g->sc_i != g->m * g->n) ||
                       g->sc_b != g->inner * g->m * g->n)) {
     snprintf(message, sizeof message, "%s: epilogue over %lld rows of a product with %lld contiguous ones", name, (long long)rows,
              (long long)(batch * g->m));
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   if (g->a_group < 1 || g->b_group < 1) {
     snprintf(message, sizeof message, "%s: operands shared by groups of %lld and %lld entries", name, (long long)g->a_group,
              (long long)g->b_group);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   ral_parallel_body epilogue = g->epilogue;
@@ -875,13 +928,13 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
   int empty = g->m == 0 || g->n == 0 || batch == 0;
   if (!empty && (!blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda) || !blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb))) {
     snprintf(message, sizeof message, "%s: operand has no unit stride", name);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
       g->ldc > INT32_MAX) {
     snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m >= 2 && g->m <= RAL_SMALL_GEMM_ROWS &&
@@ -1089,7 +1142,7 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c
   if (!valid || x_c != g->in_c) {
     snprintf(message, sizeof message, valid ? "%s: the input has %lld features, the kernel %lld" : "%s: invalid sizes, strides or dilations",
              name, (long long)x_c, (long long)g->in_c);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   g->positions = g->d[0].out * g->d[1].out * g->d[2].out;
@@ -1098,7 +1151,7 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c
   if (g->epilogue && rows != output_rows) {
     snprintf(message, sizeof message, "%s: epilogue over %lld rows of an output with %lld", name, (long long)rows,
              (long long)output_rows);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   ral_parallel_body epilogue = g->epilogue;
@@ -1109,13 +1162,13 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c
   }
   if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
     snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
-    ral_context_fail(ctx, RAL_ERR_UNAVAILABLE, message);
+    context_raise(ctx, RAL_ERR_UNAVAILABLE, message);
     return;
   }
   g->rt = ctx->rt;
   if (g->k > INT32_MAX || g->positions > INT32_MAX || g->out_c > INT32_MAX) {
     snprintf(message, sizeof message, "%s: dims exceed the 32-bit BLAS", name);
-    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, message);
+    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
   int64_t start = now_ns();
@@ -1142,18 +1195,14 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c
   for (int i = 0; i < 3; i++)
     g->direct &= g->d[i].window == 1 && g->d[i].stride == 1 && g->d[i].pad == 0 && g->d[i].lhs_dil == 1 && g->d[i].in == g->d[i].out;
   g->slot_bytes = g->direct ? 0 : ((size_t)g->k * (size_t)cols * elem + RAL_ALIGN - 1) / RAL_ALIGN * RAL_ALIGN;
-  g->scratch = g->direct ? NULL : allocator_get(&ctx->rt->alloc, g->slot_bytes * (size_t)slots);
-  if (!g->direct && !g->scratch) {
-    snprintf(message, sizeof message, "%s: out of memory allocating %zu bytes of patches", name, g->slot_bytes * (size_t)slots);
-    ral_context_fail(ctx, RAL_ERR_OUT_OF_MEMORY, message);
-    return;
-  }
+  g->scratch = g->direct ? NULL : ral_alloc(ctx, g->slot_bytes * (size_t)slots);
+  if (!g->direct && !g->scratch) return;
   atomic_init(&g->next, 0);
   if (pooled)
     ral_parallel_for(ctx, conv_slots, g, 0, slots, 1);
   else
     conv_slots(g, 0, 1);
-  if (g->scratch) allocator_put(&ctx->rt->alloc, g->scratch);
+  if (g->scratch) context_free(ctx, g->scratch);
   stat_record(key, pooled, start);
   if (g->epilogue) /* ran behind the blocks */
     stat_fused(epilogue, atomic_load(&g->epilogue_ns));

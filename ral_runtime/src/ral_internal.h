@@ -5,6 +5,7 @@
 
 #include "ral/ral.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +22,7 @@ RAL_INTERNAL int ptr_list_remove(ral_ptr_list *list, const void *ptr); /* 1: it 
 
 struct ral_context {
   ral_runtime *rt;
+  pthread_mutex_t lock;        /* status, message and `buffers`: pool threads allocate and fail too */
   ral_ptr_list buffers;        /* host buffers from the runtime's allocator */
   ral_ptr_list device_buffers; /* device buffers from the runtime's GPU cache */
   void *stream;                /* the CUstream of the context's GPU work (NULL: the legacy default stream) */

@@ -219,6 +219,111 @@ static void test_threads_share_runtime(ral_runtime *rt) {
   }
 }
 
+/* Loops of concurrent calls run at the same time: each loop's first chunk waits (up to 5 s) until
+ * the other loop has started one. */
+static atomic_int loops_started;
+
+static void meet_body(void *data, int64_t lo, int64_t hi) {
+  (void)hi;
+  int *met = data;
+  if (lo != 0) return;
+  atomic_fetch_add(&loops_started, 1);
+  for (int i = 0; i < 5000 && atomic_load(&loops_started) < 2; i++) {
+    struct timespec pause = {0, 1000000};
+    nanosleep(&pause, NULL);
+  }
+  *met = atomic_load(&loops_started) >= 2;
+}
+
+static void *meeting_caller(void *p) {
+  thread_arg *t = p;
+  ral_context *ctx;
+  ral_context_create(t->rt, &ctx);
+  ral_parallel_for(ctx, meet_body, &t->ok, 0, 64, 1);
+  ral_context_destroy(ctx);
+  return NULL;
+}
+
+static void test_concurrent_loops_overlap(ral_runtime *rt) {
+  pthread_t th[2];
+  thread_arg args[2];
+  atomic_store(&loops_started, 0);
+  for (int i = 0; i < 2; i++) {
+    args[i] = (thread_arg){rt, 0};
+    pthread_create(&th[i], NULL, meeting_caller, &args[i]);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  CHECK(args[0].ok && args[1].ok);
+}
+
+/* Stress (run under TSan in CI): threads whose calls allocate, free and fail inside parallel
+ * loops on every thread of the pool. A failed allocation ends its chunk (its pointer is never
+ * used), no chunk starts after it, and the call ends after the loop. */
+typedef struct {
+  ral_context *ctx;
+  int64_t fail_at;          /* the iteration whose allocation fails (-1: none) */
+  atomic_int after_failure; /* work done past a failed allocation */
+  atomic_int done;          /* iterations completed */
+  int after_loop;           /* the entry went on after the loop */
+} alloc_call;
+
+enum { ALLOC_LOOP = 400 };
+
+static void allocating_body(void *data, int64_t lo, int64_t hi) {
+  alloc_call *c = data;
+  for (int64_t i = lo; i < hi; i++) {
+    size_t bytes = i == c->fail_at ? (size_t)1 << 62 : (size_t)(64 + i % 7 * 200);
+    char *p = _mlir_memref_to_llvm_alloc(bytes);
+    if (i == c->fail_at) atomic_fetch_add(&c->after_failure, 1);
+    memset(p, (int)i, 64);
+    if (i % 3) _mlir_memref_to_llvm_free(p);
+    atomic_fetch_add(&c->done, 1);
+  }
+}
+
+static void allocating_entry(void *args, void *results) {
+  (void)results;
+  alloc_call *c = args;
+  ral_parallel_for(c->ctx, allocating_body, c, 0, ALLOC_LOOP, 1);
+  c->after_loop = 1;
+}
+
+static void *allocating_caller(void *p) {
+  thread_arg *t = p;
+  t->ok = 1;
+  for (int round = 0; round < 60; round++) {
+    alloc_call c = {.fail_at = round % 3 ? -1 : (round * 37) % ALLOC_LOOP};
+    atomic_init(&c.after_failure, 0);
+    atomic_init(&c.done, 0);
+    if (ral_context_create(t->rt, &c.ctx) != RAL_OK) return t->ok = 0, NULL;
+    ral_context *prev = ral_context_enter(c.ctx);
+    ral_status status = ral_context_call(c.ctx, allocating_entry, &c, NULL);
+    ral_context_enter(prev);
+    if (c.fail_at < 0)
+      t->ok &= status == RAL_OK && c.after_loop && atomic_load(&c.done) == ALLOC_LOOP;
+    else
+      t->ok &= status == RAL_ERR_OUT_OF_MEMORY && !c.after_loop && atomic_load(&c.done) < ALLOC_LOOP &&
+               strcmp(ral_context_message(c.ctx), "out of memory allocating 4611686018427387904 bytes") == 0;
+    t->ok &= atomic_load(&c.after_failure) == 0;
+    ral_context_destroy(c.ctx);
+  }
+  return NULL;
+}
+
+static void test_failures_inside_loops(ral_runtime *rt) {
+  pthread_t th[4];
+  thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (thread_arg){rt, 0};
+    pthread_create(&th[i], NULL, allocating_caller, &args[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(args[i].ok);
+  }
+  CHECK(host_stats(rt).bytes_in_use == 0); /* every buffer went back with its context */
+}
+
 /* One [m x k] x [k x n] product with A and B laid out by the given strides (element (i, k) of A at
  * i * sa_m + k * sa_k), large enough for the pool, checked against a reference loop. */
 static int gemm_matches(ral_context *ctx, int64_t m, int64_t n, int64_t k, int64_t sa_m, int64_t sa_k, int64_t sb_k,
@@ -522,6 +627,8 @@ int main(int argc, char **argv) {
   test_failures_end_the_call(rt);
   test_parallel_for(rt);
   test_threads_share_runtime(rt);
+  test_concurrent_loops_overlap(rt);
+  test_failures_inside_loops(rt);
   test_gemm(rt, blas != NULL);
   test_conv(rt, blas != NULL);
   test_small_gemm_kernel();

@@ -78,9 +78,10 @@ const char *ral_context_message(const ral_context *ctx);
 /* Records an error in the context; the first one is kept. */
 void ral_context_fail(ral_context *ctx, ral_status status, const char *message);
 /* Calls a packed entry point of generated code, `entry(args, results)`, with ctx current (entered
- * by the caller) and returns the context's status. An allocation that fails, or a size check that
- * does, in the entry's own code (not inside a parallel loop) ends the call there: nothing after it
- * runs, and the buffers allocated so far stay owned by the context. */
+ * by the caller) and returns the context's status. An allocation, size check or library call that
+ * fails ends the call there: nothing after it runs, and the buffers allocated so far stay owned by
+ * the context. Inside a parallel loop (on any thread) the failing chunk ends, no other chunk
+ * starts, and the call ends when the loop's running chunks are done. */
 typedef void (*ral_entry)(void *args, void *results);
 ral_status ral_context_call(ral_context *ctx, ral_entry entry, void *args, void *results);
 /* Transfers a buffer allocated in this context (host, or device: disc_ral_gpu_alloc) to the
@@ -95,8 +96,9 @@ void ral_buffer_free(ral_runtime *rt, void *ptr);
 void *ral_alloc(ral_context *ctx, size_t bytes);
 
 /* Runs body(data, lo, hi) over [begin, end) split into chunks of at least `grain` iterations on
- * the runtime's thread pool, and returns when all chunks are done. Called from a pool thread it
- * runs inline. */
+ * the runtime's thread pool, and returns when all chunks are done. Loops of concurrent calls run
+ * at the same time (each caller runs chunks of its own loop, the pool's threads help them all);
+ * called inside a chunk it runs inline. */
 typedef void (*ral_parallel_body)(void *data, int64_t lo, int64_t hi);
 void ral_parallel_for(ral_context *ctx, ral_parallel_body body, void *data, int64_t begin,
                       int64_t end, int64_t grain);
