@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import glob
 import importlib.metadata
+import importlib.util
 import math
 import os
 import sys
@@ -88,6 +89,26 @@ def ral() -> ctypes.CDLL:
 
 
 _collecting = os.environ.get("DISC_STATS") == "1"  # the state ral_kernel_stats_enable was last given
+
+NATIVE_MODULE = "_native.abi3.so"
+
+
+@functools.cache
+def native() -> Any:
+    """The host call path's C module (ral_runtime/python/native.c), built next to libdisc_ral.so
+    and bound to the entry points of the RAL this package loaded."""
+    path = os.path.join(ral_library_dir(), NATIVE_MODULE)
+    if not os.path.exists(path):
+        raise DiscError(f"{NATIVE_MODULE} not found next to {RAL_LIBRARY} in {ral_library_dir()}: reinstall the package, or "
+                        "build ral_runtime/ with Python's headers found")
+    spec = importlib.util.spec_from_file_location("disc_stablehlo._native", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lib = ral()
+    module.bind(*(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in (
+        "ral_context_create", "ral_context_destroy", "ral_context_enter", "ral_context_call", "ral_context_message",
+        "ral_context_take", "ral_buffer_free")))
+    return module
 
 
 def collect_stats(on: bool = True) -> None:
@@ -237,7 +258,9 @@ class Runtime:
         self.handle = handle
         self.lock = threading.Lock()
         self.gpu = ""  # the kind of GPU attached, if any
-        weakref.finalize(self, ral().ral_runtime_destroy, handle)
+        # destroyed with this object, which every result buffer keeps alive; not at exit, where
+        # arrays may outlive the finalizers
+        weakref.finalize(self, ral().ral_runtime_destroy, handle).atexit = False
 
     def enable_gpu(self, kind: str) -> None:
         """Attaches the first GPU of `kind` ("cuda": the driver and cuBLAS, `cublas_library`;
@@ -358,17 +381,18 @@ def _layout(desc: np.ndarray, dtype: np.dtype, rank: int) -> tuple[int, int, tup
     return allocated, aligned + offset * dtype.itemsize, shape, strides, span
 
 
-def _wrap(rt: Runtime, ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int) -> np.ndarray:
-    allocated, address, shape, strides, span = _layout(desc, dtype, rank)
-    if span == 0:
+def _host_result(item: tuple, dtype: np.dtype) -> np.ndarray:
+    """A result of the host call path: (the call's buffer, taken for it, or None; the address of
+    its first element; shape; strides in elements). Where the call's buffer could not be taken (an
+    argument, a parameter or a constant returned, or a strided view), a copy."""
+    owner, address, shape, strides = item
+    if owner is not None:
+        return np.ndarray(shape, dtype, buffer=owner)
+    if 0 in shape:
         return np.zeros(shape, dtype)
-    raw = (ctypes.c_char * span).from_address(address)
-    view = np.ndarray(shape, dtype, buffer=raw, strides=strides)
-    if view.flags.c_contiguous and ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
-        # the result buffer now belongs to the array: given back to the RAL when it dies
-        weakref.finalize(raw, ral().ral_buffer_free, rt.handle, ctypes.c_void_p(allocated))
-        return view
-    return view.copy()  # an argument, a parameter, a constant, or a result returned twice
+    strides = tuple(st * dtype.itemsize for st in strides)
+    span = sum((n - 1) * abs(st) for n, st in zip(shape, strides)) + dtype.itemsize
+    return np.ndarray(shape, dtype, buffer=(ctypes.c_char * span).from_address(address), strides=strides).copy()
 
 
 def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int,
@@ -487,6 +511,13 @@ class Executable:
         self.entry = PackedFunction(self.lib, art.header["entry"], [len(r.shape) for r in self.signature.results])
         self.assertions = art.assertions
         self.guard = PackedFunction(self.lib, art.header["guard"], [1]) if art.header["guard"] else None
+        if not self.gpu:
+            variables: dict[str, int] = {}  # dimension variable -> its index
+            args = [(spec.dtype, tuple(d if isinstance(d, int) else -1 - variables.setdefault(d, len(variables)) for d in spec.shape))
+                    for spec in self.signature.args]
+            self._plan = native().plan(runtime, runtime.handle.value, self.entry.address, self.guard.address if self.guard else 0,
+                                       np.ndarray, args, len(variables), [np.ascontiguousarray(p) for p in self.params],
+                                       [(len(r.shape), r.dtype.itemsize) for r in self.signature.results])
 
     def run(self, arrays: Sequence[np.ndarray | DeviceArray], stream: int = 0,
             consume: Callable[[_Exported], Any] | None = None, synchronize: bool = False) -> list[Any]:
@@ -494,12 +525,21 @@ class Executable:
         `DeviceArray`s; host arrays are copied to the device, and results back to the host, or
         given to `consume` (a framework's DLPack import) without a copy. The launches and copies
         go on `stream` (a CUstream; 0: the default stream); `synchronize`: waited for."""
-        arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
-                  for a in arrays]  # other byte order: converted
-        self.signature.check(arrays)
-        arrays = [a if isinstance(a, DeviceArray) else np.ascontiguousarray(a) for a in arrays]
-        if not self.gpu and any(isinstance(a, DeviceArray) for a in arrays):
-            raise DiscError("an argument is in GPU memory, and this function was compiled for the CPU (target='x86')")
+        if not self.gpu:
+            # in C (native.c), for arrays exactly as compiled; others are converted first where they can be
+            out = native().call(self._plan, arrays)
+            if out is None:
+                if any(isinstance(a, DeviceArray) for a in arrays):
+                    raise DiscError("an argument is in GPU memory, and this function was compiled for the CPU (target='x86')")
+                out = native().call(self._plan, self._checked(arrays))
+            if type(out) is list:
+                return [_host_result(item, spec.dtype) for item, spec in zip(out, self.signature.results)]
+            if out is None:
+                raise DiscError("internal error: arguments that pass the signature's check were refused by the call path")
+            if out[0] == "guard":
+                self._raise_guard(out[1])
+            raise (ShapeError if out[1] == RAL_ERR_SHAPE else RuntimeFailure)(out[2])
+        arrays = self._checked(arrays)
         with _Context(self.runtime) as ctx:
             params = self.params
             if self.gpu:
@@ -508,16 +548,29 @@ class Executable:
                 arrays = [a if isinstance(a, DeviceArray) else _upload(ctx, a) for a in arrays]
             _keep, args = descriptors(arrays + params)
             if self.guard is not None:
-                self._check_guard(ctx, self.guard(ctx, args)[0])
+                packed = self.guard(ctx, args)[0]
+                self._check_status(ctx)
+                self._raise_guard(np.ctypeslib.as_array(ctypes.cast(int(packed[1]) + 8 * int(packed[2]), ctypes.POINTER(ctypes.c_int64)),
+                                                        (int(packed[3]),)).tolist())
             results = self.entry(ctx, args)
             self._check_status(ctx)
-            if self.gpu:
-                outs = [_device_result(self.runtime, ctx, desc, spec.dtype, len(spec.shape), consume)
-                        for desc, spec in zip(results, self.signature.results)]
-                if synchronize:
-                    _synchronize(ctx)
-                return outs
-            return [_wrap(self.runtime, ctx, desc, spec.dtype, len(spec.shape)) for desc, spec in zip(results, self.signature.results)]
+            outs = [_device_result(self.runtime, ctx, desc, spec.dtype, len(spec.shape), consume)
+                    for desc, spec in zip(results, self.signature.results)]
+            if synchronize:
+                _synchronize(ctx)
+            return outs
+
+    def _checked(self, arrays: Sequence[np.ndarray | DeviceArray]) -> list[np.ndarray | DeviceArray]:
+        """The arguments checked against the signature (a ShapeError naming the argument) and made
+        what the compiled code takes: native byte order, C-contiguous, the signature's dtype object."""
+        if len(arrays) != len(self.signature.args):
+            self.signature.check(arrays)  # the count's error
+        arrays = [a if isinstance(a, DeviceArray) else _as_numpy(a, "numpy", spec.dtype) for a, spec in zip(arrays, self.signature.args)]
+        arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+                  for a in arrays]  # other byte order: converted
+        self.signature.check(arrays)
+        return [a if isinstance(a, DeviceArray) else np.ascontiguousarray(a).view(spec.dtype)
+                for a, spec in zip(arrays, self.signature.args)]
 
     def _on_device(self) -> list[DeviceArray]:
         """The parameters' device copies (the GPU attached first)."""
@@ -532,14 +585,13 @@ class Executable:
         if status != 0:
             raise (ShapeError if status == RAL_ERR_SHAPE else RuntimeFailure)(ral().ral_context_message(ctx).decode())
 
-    def _check_guard(self, ctx: ctypes.c_void_p, packed: np.ndarray) -> None:
-        self._check_status(ctx)
-        values = np.ctypeslib.as_array(ctypes.cast(int(packed[1]) + 8 * int(packed[2]), ctypes.POINTER(ctypes.c_int64)), (int(packed[3]),))
-        failed = int(values[0])
+    def _raise_guard(self, values: Sequence[int]) -> None:
+        """The guard's words: the index of the assertion that failed (-1: none), then the values
+        of every assertion."""
+        failed = values[0]
         if failed >= 0:
             start = 1 + sum(a.num_values for a in self.assertions[:failed])
-            operands = [int(v) for v in values[start:start + self.assertions[failed].num_values]]
-            raise ShapeError(self.assertions[failed].format(operands))
+            raise ShapeError(self.assertions[failed].format(list(values[start:start + self.assertions[failed].num_values])))
 
 
 @dataclasses.dataclass
@@ -571,6 +623,8 @@ class CompiledFunction:
         self.signature = executable.signature
         self.kernels = art.kernels  # the loop nests (kind, ops inside) run on the RAL thread pool
         self.compile_count = compile_count  # native code generations: 1, or 0 when loaded
+        kept = self._binding.kept_args
+        self._select = None if kept is None or kept == tuple(range(self._binding.num_flat_args)) else kept
 
     @property
     def llvm_ir(self) -> str:
@@ -588,9 +642,12 @@ class CompiledFunction:
         if b.kept_args is not None:
             if len(leaves) != b.num_flat_args:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
-            leaves = [leaves[i] for i in b.kept_args]
+            if self._select is not None:
+                leaves = [leaves[i] for i in self._select]
         if self._exe.gpu and any(_on_gpu(x, kind) for x in leaves):
             outs = self._run_on_gpu(leaves, kind)
+        elif kind == "numpy":  # lists and other array-likes are made arrays where the call path needs it
+            outs = self._exe.run(leaves)
         else:
             outs = [_as_kind(o, kind) for o in self._exe.run([_as_numpy(x, kind, spec.dtype) for x, spec in zip(leaves, self.signature.args)])]
         if b.pack_results is not None:
@@ -659,6 +716,15 @@ class CompiledFunction:
             out[name] = kernel_stats(symbol_address(ral(), name))
         return out
 
+    def entry_time(self) -> dict[str, float]:
+        """Calls of the compiled code and the seconds spent in it, over this function's life (every
+        thread): a call's time beyond it is the call path's (arguments checked and passed,
+        results wrapped). CPU targets only."""
+        if self._exe.gpu:
+            raise DiscError(f"entry_time() times the host call path; this function runs on a {self._exe.gpu} GPU")
+        calls, ns = native().entry_time(self._exe._plan)
+        return {"calls": calls, "seconds": ns * 1e-9}
+
 
 @functools.cache
 def _numpy_dtype(torch_dtype: Any) -> np.dtype:
@@ -690,6 +756,8 @@ def _as_numpy(x: Any, kind: str, dtype: np.dtype) -> np.ndarray:
     numpy lacks, bfloat16 and the float8s, read through integers of their width as the
     ml_dtypes type of the same name); a Python list or number as an array of the argument's
     dtype (it has none of its own); any other array as it is (the signature names a wrong dtype)."""
+    if type(x) is np.ndarray:
+        return x
     if kind == "torch":
         x = x.detach().cpu()
         name = str(x.dtype).removeprefix("torch.")
@@ -732,6 +800,9 @@ def _to_device(x: Any, kind: str, device: Any) -> Any:
     return jax.device_put(x, device)
 
 
+_NUMPY_ONLY = {np.ndarray}
+
+
 def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
     """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
     if pytree:
@@ -740,7 +811,10 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
         leaves = jax.tree_util.tree_leaves(args)
     else:
         leaves = list(args)
-    modules = {type(x).__module__.split(".")[0] for x in leaves}
+    types = {type(x) for x in leaves}
+    if types == _NUMPY_ONLY:
+        return leaves, "numpy"
+    modules = {t.__module__.split(".")[0] for t in types}
     for kind, names in (("jax", ("jax", "jaxlib")), ("torch", ("torch",)), ("tensorflow", ("tensorflow",))):
         if modules & set(names):
             return leaves, kind

@@ -299,6 +299,28 @@ def test_arrays_in_the_other_byte_order_are_converted():
     np.testing.assert_array_equal(f(x), 2 * x.astype(np.float32))
 
 
+def test_the_call_path_takes_arrays_in_any_layout_and_times_the_compiled_code():
+    """Arrays exactly as compiled go straight to the compiled code (native.c); others (strided and
+    stride-0 views, subclasses, a dtype equal to the argument's but another object) are made so
+    first, with the same results; a result that is an argument comes back as a copy."""
+    f = disc.compile(lambda x, w: (jnp.tanh(x @ w) + 1, w), *specs_for([(("b", 8), np.float32), ((8, 8), np.float32)], "b"))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    want = np.tanh(x @ w) + 1
+    before = f.entry_time()
+    variants = [x, np.asfortranarray(x), rng.standard_normal((6, 16)).astype(np.float32)[:, ::2], np.broadcast_to(x[:1], (6, 8)),
+                x.view(type("Sub", (np.ndarray,), {})), x.astype(np.dtype(np.float32, metadata={"unit": "m"}))]
+    for v in variants:
+        y, w_back = f(v, w)
+        np.testing.assert_allclose(y, np.tanh(np.asarray(v) @ w) + 1, rtol=1e-5, atol=1e-6)
+        assert type(y) is np.ndarray and y.flags.c_contiguous and y.flags.writeable
+        np.testing.assert_array_equal(w_back, w)
+        assert w_back.ctypes.data != w.ctypes.data  # a copy: the argument stays the caller's
+    np.testing.assert_allclose(f(x, w)[0], want, rtol=1e-5, atol=1e-6)
+    after = f.entry_time()
+    assert after["calls"] - before["calls"] == len(variants) + 1 and after["seconds"] > before["seconds"]
+
+
 def test_python_lists_are_arrays_of_the_arguments_dtype():
     """A list has no dtype of its own: it is taken as the argument's (not numpy's float64)."""
     f = disc.compile("""func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
