@@ -217,6 +217,18 @@ def create_value(name: str, operands: list[ir.Value], result: ir.Type, **attribu
     return ir.Operation.create(name, results=[result], operands=list(operands), attributes=attributes).result
 
 
+def broadcast_like(scalar: ir.Value, like: ir.Value) -> ir.Value:
+    """A rank-0 tensor broadcast to the shape of the tensor `like` (its dynamic dims read off it)."""
+    like_t = ir.RankedTensorType(like.type)
+    out = ir.RankedTensorType.get(like_t.shape, ir.RankedTensorType(scalar.type).element_type)
+    dims = ir.DenseI64ArrayAttr.get([])
+    if like_t.has_static_shape:
+        return create_value("stablehlo.broadcast_in_dim", [scalar], out, broadcast_dimensions=dims)
+    sizes = [create_value("tensor.dim", [like, index_constant(i)], ir.IndexType.get()) for i in range(like_t.rank)]
+    shape = create_value("tensor.from_elements", sizes, ir.RankedTensorType.get([like_t.rank], ir.IndexType.get()))
+    return create_value("stablehlo.dynamic_broadcast_in_dim", [scalar, shape], out, broadcast_dimensions=dims)
+
+
 def int_constant(v: ir.Value) -> int | None:
     """The value of an integer constant (`arith.constant`, `shape.const_size`); None otherwise."""
     if isinstance(v.owner, ir.Block) or operation(v.owner).name not in ("arith.constant", "shape.const_size"):

@@ -9,24 +9,31 @@ import pytest
 import disc_stablehlo as disc
 
 
-@pytest.mark.parametrize("left, lower, transpose, unit", [
-    (left, lower, transpose, unit) for left in (True, False) for lower in (True, False) for transpose in (False, True) for unit in (False, True)])
-def test_triangular_solve(left, lower, transpose, unit):
-    b_type = "tensor<?x3xf32>" if left else "tensor<3x?xf32>"
-    f = disc.compile(f"""func.func @main(%a: tensor<?x?xf32>, %b: {b_type}) -> {b_type} {{
+@pytest.mark.parametrize("left, lower, transpose, unit, elem", [
+    (left, lower, transpose, unit, "f32") for left in (True, False) for lower in (True, False) for transpose in ("NO_TRANSPOSE", "TRANSPOSE")
+    for unit in (False, True)] + [
+    (left, lower, transpose, False, "complex<f32>") for left in (True, False) for lower in (True, False)
+    for transpose in ("NO_TRANSPOSE", "TRANSPOSE", "ADJOINT")] + [(True, True, "ADJOINT", True, "complex<f64>")])
+def test_triangular_solve(left, lower, transpose, unit, elem):
+    a_type, b_type = f"tensor<?x?x{elem}>", f"tensor<?x3x{elem}>" if left else f"tensor<3x?x{elem}>"
+    f = disc.compile(f"""func.func @main(%a: {a_type}, %b: {b_type}) -> {b_type} {{
       %0 = "stablehlo.triangular_solve"(%a, %b) {{left_side = {str(left).lower()}, lower = {str(lower).lower()},
-          unit_diagonal = {str(unit).lower()}, transpose_a = #stablehlo<transpose {'TRANSPOSE' if transpose else 'NO_TRANSPOSE'}>}}
-          : (tensor<?x?xf32>, {b_type}) -> {b_type}
+          unit_diagonal = {str(unit).lower()}, transpose_a = #stablehlo<transpose {transpose}>}}
+          : ({a_type}, {b_type}) -> {b_type}
       return %0 : {b_type}
     }}""")
     rng = np.random.default_rng(0)
+    dtype = {"f32": np.float32, "complex<f32>": np.complex64, "complex<f64>": np.complex128}[elem]
     for m in (1, 4, 9):
-        a = (rng.standard_normal((m, m)) + 4 * np.eye(m)).astype(np.float32)
-        b = rng.standard_normal((m, 3) if left else (3, m)).astype(np.float32)
+        a = rng.standard_normal((m, m)) + 4 * np.eye(m)
+        b = rng.standard_normal((m, 3) if left else (3, m))
+        if elem != "f32":
+            a, b = a + 1j * rng.standard_normal(a.shape), b - 1j * rng.standard_normal(b.shape)
+        a, b = a.astype(dtype), b.astype(dtype)
         tri = np.tril(a) if lower else np.triu(a)
         if unit:
             np.fill_diagonal(tri, 1.0)
-        op_a = tri.T if transpose else tri
+        op_a = {"NO_TRANSPOSE": tri, "TRANSPOSE": tri.T, "ADJOINT": tri.conj().T}[transpose]
         want = np.linalg.solve(op_a, b) if left else np.linalg.solve(op_a.T, b.T).T
         np.testing.assert_allclose(f(a, b), want, rtol=1e-4, atol=1e-4)
 
@@ -207,3 +214,27 @@ def test_bitcasts_that_split_or_join_elements(src, dst, value):
     }}""")
     got = f(value)
     np.testing.assert_array_equal(got.view(np.uint8), (want if split else want.reshape(-1)).view(np.uint8))
+
+
+@pytest.mark.parametrize("elem, dtype", [("complex<f32>", np.complex64), ("complex<f64>", np.complex128)])
+def test_cbrt_of_complex_numbers_is_the_principal_root(elem, dtype):
+    f = disc.compile(f"""func.func @main(%x: tensor<?x{elem}>) -> tensor<?x{elem}> {{
+      %0 = stablehlo.cbrt %x : tensor<?x{elem}>
+      return %0 : tensor<?x{elem}>
+    }}""")
+    z = np.array([8, -8 + 1j, -27, complex(-27, -0.0), 1j, 0, 3 - 4j, 1e-30 + 1e-30j], dtype)
+    want = np.cbrt(np.abs(z)) * np.exp(1j * np.angle(z) / 3)
+    np.testing.assert_allclose(f(z), want, rtol=1e-6 if dtype == np.complex64 else 1e-14, atol=0)
+    assert f(z)[3].imag < 0 < f(z)[2].imag  # the sign of a zero imaginary part picks the side of the cut
+
+
+def test_optimization_barrier_passes_its_operands_through():
+    f = disc.compile("""func.func @main(%x: tensor<?xf32>, %n: tensor<i32>) -> (tensor<?xf32>, tensor<i32>) {
+      %0:2 = stablehlo.optimization_barrier %x, %n : tensor<?xf32>, tensor<i32>
+      %1 = stablehlo.multiply %0#0, %0#0 : tensor<?xf32>
+      return %1, %0#1 : tensor<?xf32>, tensor<i32>
+    }""")
+    x = np.arange(5, dtype=np.float32)
+    y, n = f(x, np.array(7, np.int32))
+    np.testing.assert_array_equal(y, x * x)
+    assert n == 7

@@ -1,12 +1,22 @@
 """StableHLO control flow (`while`, `if`, `case`) to scf, and `composite` to a call of its
 decomposition. The wheel has no such pass: the
-regions are moved, not copied, into `scf.while`, `scf.if` and `scf.index_switch`."""
+regions are moved, not copied, into `scf.while`, `scf.if` and `scf.index_switch`.
+`optimization_barrier` (which only orders XLA's scheduling) gives its operands through."""
 
 from __future__ import annotations
 
 from torch_mlir import ir
 
+from ..mlir_support import walk
 from .lower import LoweringState, move_ops, register_rewrite
+
+
+def remove_optimization_barriers(module: ir.Module) -> None:
+    for op in walk(module.operation):
+        if op.name == "stablehlo.optimization_barrier":
+            for result, operand in zip(op.results, op.operands):
+                result.replace_all_uses_with(operand)
+            op.erase()
 
 
 def _extract_scalar(tensor: ir.Value) -> ir.Value:

@@ -11,7 +11,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import reassociation
-from ..mlir_support import create_value, index_constant, int_list, walk
+from ..mlir_support import broadcast_like, create_value, int_list, walk
 from ..ops import ELEMENTWISE
 from .lower import LoweringState, Text, register_rewrite, register_template
 
@@ -235,19 +235,13 @@ def _scalar_like(v: ir.Value, like: ir.Value) -> ir.Value:
     its value broadcast to `like`'s shape."""
     if ir.RankedTensorType(v.type).rank == 0:
         return v
-    like_t = ir.RankedTensorType(like.type)
     elem = ir.RankedTensorType(v.type).element_type
     if v.owner.name == "stablehlo.constant":
         scalar_t = ir.RankedTensorType.get([], elem)
         scalar = create_value("stablehlo.constant", [], scalar_t, value=ir.DenseElementsAttr.get_splat(scalar_t, _splat(v.owner)))
     else:
         scalar = v.owner.operands[0]
-    out, dims = ir.RankedTensorType.get(like_t.shape, elem), ir.DenseI64ArrayAttr.get([])
-    if like_t.has_static_shape:
-        return create_value("stablehlo.broadcast_in_dim", [scalar], out, broadcast_dimensions=dims)
-    sizes = [create_value("tensor.dim", [like, index_constant(i)], ir.IndexType.get()) for i in range(like_t.rank)]
-    shape = create_value("tensor.from_elements", sizes, ir.RankedTensorType.get([like_t.rank], ir.IndexType.get()))
-    return create_value("stablehlo.dynamic_broadcast_in_dim", [scalar, shape], out, broadcast_dimensions=dims)
+    return broadcast_like(scalar, like)
 
 
 def _scalar_op_of_transpose(op: ir.Operation) -> tuple[int, list[ir.Operation]] | None:

@@ -19,6 +19,11 @@ reciprocal too).
 the imaginary parts deciding when the real parts are equal (0.0 and -0.0 included): upstream's
 lowering lets a real part that is merely not smaller win.
 
+`cbrt` of complex numbers (which upstream's lowering lacks) is the principal cube root, in polar
+form: cbrt(|z|) * (cos(arg z / 3) + i sin(arg z / 3)), as the reference interpreter's
+pow(z, 1/3) (0 stays 0; a negative real part with a -0.0 imaginary part takes the root below the
+axis).
+
 `add` of booleans is logical or in StableHLO (true + true = true), where the integer addition it
 would otherwise become wraps (true + true = false): it becomes `or`, in reduction bodies too
 (`any` over booleans is a reduce with `add`)."""
@@ -29,7 +34,7 @@ import math
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, defined_outside, walk
+from ..mlir_support import broadcast_like, create_value, defined_outside, walk
 
 _LOW = -80.0       # below this, the shifted path
 _SHIFT = 64.0
@@ -143,6 +148,35 @@ def complex_extrema_lexicographic(module: ir.Module) -> int:
             first = create_value("stablehlo.select", [_compare("EQ", ra, rb), _compare(direction, ia, ib), _compare(direction, ra, rb)],
                                  ir.RankedTensorType.get(t.shape, ir.IntegerType.get_signless(1)))
             result = create_value("stablehlo.select", [first, a, b], t)
+        op.result.replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
+
+
+def complex_cbrt_polar(module: ir.Module) -> int:
+    """Rewrites `cbrt` of complex numbers in polar form; returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        t = ir.RankedTensorType(op.result.type) if op.name == "stablehlo.cbrt" else None
+        if t is None or not isinstance(t.element_type, ir.ComplexType):
+            continue
+        part = ir.ComplexType(t.element_type).element_type
+        part_t = ir.RankedTensorType.get(t.shape, part)
+        z = op.operands[0]
+        with ir.InsertionPoint(op), op.location:
+            def unary(name: str, x: ir.Value) -> ir.Value:
+                return create_value(f"stablehlo.{name}", [x], part_t)
+
+            def binary(name: str, x: ir.Value, y: ir.Value) -> ir.Value:
+                return create_value(f"stablehlo.{name}", [x, y], part_t)
+            scalar_t = ir.RankedTensorType.get([], part)
+            third = broadcast_like(create_value("stablehlo.constant", [], scalar_t,
+                                                value=ir.DenseElementsAttr.get_splat(scalar_t, ir.FloatAttr.get(part, 1 / 3))), z)
+            angle = binary("multiply", binary("atan2", unary("imag", z), unary("real", z)), third)
+            radius = unary("cbrt", unary("abs", z))
+            result = create_value("stablehlo.complex", [binary("multiply", radius, unary("cosine", angle)),
+                                                        binary("multiply", radius, unary("sine", angle))], t)
         op.result.replace_all_uses_with(result)
         op.erase()
         count += 1

@@ -31,7 +31,9 @@ from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fu
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
-from .math_ops import boolean_sums_as_or, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised, reciprocals_of_row_divisors
+from .control_flow import remove_optimization_barriers
+from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised,
+                       reciprocals_of_row_divisors)
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
@@ -111,6 +113,8 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         #    `or` first: folding them as integers would wrap)
         boolean_sums_as_or(module)
         complex_extrema_lexicographic(module)
+        complex_cbrt_polar(module)
+        remove_optimization_barriers(module)
         fold_constant_converts(module)
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
         entry = _function(module, entry_name)

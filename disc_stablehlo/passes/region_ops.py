@@ -485,14 +485,11 @@ def _select_and_scatter(op, t: Text, state: LoweringState):
     return outer.close(_if(t, chosen[0], [ty], scatter_into, [acc]))
 
 
-def _is_real(op: ir.Operation) -> bool:
-    return not _elem(op.operands[0]).startswith("complex")
-
-
-@register_template("stablehlo.triangular_solve", when=_is_real)
+@register_template("stablehlo.triangular_solve")
 def _triangular_solve(op, t: Text, state: LoweringState):
     """Forward or backward substitution, one row of the solution at a time. The right-side
-    form x op(a) = b is solved as op(a)^T x^T = b^T by swapping indices."""
+    form x op(a) = b is solved as op(a)^T x^T = b^T by swapping indices; complex elements with
+    the complex dialect's arithmetic (ADJOINT: the conjugates of a's elements)."""
     a, b = op.operands
     left = ir.BoolAttr(op.attributes["left_side"]).value
     lower = ir.BoolAttr(op.attributes["lower"]).value
@@ -500,6 +497,9 @@ def _triangular_solve(op, t: Text, state: LoweringState):
     transposed = "NO_TRANSPOSE" not in str(op.attributes["transpose_a"])
     forward = lower != transposed if left else lower == transposed  # is the effective matrix lower?
     rank, elem, ty = _rank(a), _elem(a), str(b.type)
+    is_complex = elem.startswith("complex")
+    mul, sub, div = ("complex.mul", "complex.sub", "complex.div") if is_complex else ("arith.mulf", "arith.subf", "arith.divf")
+    conjugate = is_complex and "ADJOINT" in str(op.attributes["transpose_a"])
     dims = t.dims("%a1", b.type)
     m = t.dim("%a0", a.type, rank - 1)
     n = dims[rank - 1] if left else dims[rank - 2]
@@ -509,7 +509,8 @@ def _triangular_solve(op, t: Text, state: LoweringState):
 
     def a_at(r: str, c: str) -> str:  # element (r, c) of the effective left-side matrix
         swap = transposed != (not left)
-        return t(f"tensor.extract %a0[{', '.join(batch.ivs + ([c, r] if swap else [r, c]))}] : {a.type}")
+        value = t(f"tensor.extract %a0[{', '.join(batch.ivs + ([c, r] if swap else [r, c]))}] : {a.type}")
+        return t(f"complex.conj {value} : {elem}") if conjugate else value
 
     def x_index(row: str, col: str) -> str:
         return ", ".join(batch.ivs + ([row, col] if left else [col, row]))
@@ -519,8 +520,8 @@ def _triangular_solve(op, t: Text, state: LoweringState):
     count = i if forward else t(f"arith.subi {t(f'arith.subi {m}, {i} : index')}, {t.const(1)} : index")
     terms = Loops(t, [count], [(rhs, elem)])
     k = terms.ivs[0] if forward else t(f"arith.addi {t(f'arith.addi {i}, {t.const(1)} : index')}, {terms.ivs[0]} : index")
-    product = t(f"arith.mulf {a_at(i, k)}, {t(f'tensor.extract {x}[{x_index(k, c)}] : {ty}')} : {elem}")
-    acc = terms.close([t(f"arith.subf {terms.inner[0]}, {product} : {elem}")])[0]
-    value = acc if unit else t(f"arith.divf {acc}, {a_at(i, i)} : {elem}")
+    product = t(f"{mul} {a_at(i, k)}, {t(f'tensor.extract {x}[{x_index(k, c)}] : {ty}')} : {elem}")
+    acc = terms.close([t(f"{sub} {terms.inner[0]}, {product} : {elem}")])[0]
+    value = acc if unit else t(f"{div} {acc}, {a_at(i, i)} : {elem}")
     solved = cols.close([t(f"tensor.insert {value} into {x}[{x_index(i, c)}] : {ty}")])
     return batch.close(steps.close(solved))
