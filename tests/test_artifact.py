@@ -116,7 +116,7 @@ def _unknown_cpu_flag(header: str) -> str:
     (lambda d: d[:len(d) - 100] + bytes([d[-100] ^ 1]) + d[len(d) - 99:], "corrupted"),
     (lambda d: b"NOTADISC" + d[8:], "not a disc_stablehlo artifact"),
     (lambda d: d[:8] + struct.pack("<I", 99) + d[12:], "format version 99"),
-    (lambda d: d[:12] + struct.pack("<I", 7) + d[16:], "RAL ABI version 7"),
+    (lambda d: d[:12] + struct.pack("<I", artifact.RAL_ABI_VERSION + 1) + d[16:], f"RAL ABI version {artifact.RAL_ABI_VERSION + 1}"),
     (lambda d: b"", "truncated"),
     (lambda d: _rewrite_header(d, lambda h: h.replace('"name":"x86"', '"name":"gpu"')), "target 'gpu'"),
     (lambda d: _rewrite_header(d, _unknown_cpu_flag), "which this processor lacks"),

@@ -26,7 +26,7 @@ SUITE = next((p for p in (Path(os.environ.get("DISC_CONFORMANCE_SUITE", "/nonexi
 TARGETS = ["cuda:sm_80", "cuda:sm_90", "rocm:gfx90a", "rocm:gfx942"]
 CHUNKS = 16
 # cases that are an UnsupportedOpError saying this, on every target: an op no target lowers yet
-# (issue 16: fft; an fft of an empty array needs no lowering and compiles), and a module that is
+# (fft: the RAL's FFT runs on the host; an fft of an empty array needs no lowering and compiles), and a module that is
 # not a valid program (XLA and the harness cannot run it either)
 UNSUPPORTED = {"fft_complex128_14_15_16_17.mlir": "stablehlo.fft", "fft_float64_14_15_16_17.mlir": "stablehlo.fft",
                "conv_general_dilated_1d_stride_2_even_dynamic.mlir": "window_strides has 2 entries for 1 spatial dimension"}

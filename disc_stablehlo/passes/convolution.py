@@ -44,7 +44,7 @@ def _as_gemm(op: ir.Operation) -> bool:
     """Ungrouped, unreversed, float convolutions of one element type (what the BLAS takes)."""
     types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands[:2], op.result]}
     reversed_window = "window_reversal" in op.attributes and any(ir.DenseBoolArrayAttr(op.attributes["window_reversal"]))
-    return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys() and not reversed_window
+    return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES and not reversed_window
             and ir.IntegerAttr(op.attributes["feature_group_count"]).value == 1
             and ir.IntegerAttr(op.attributes["batch_group_count"]).value == 1)
 

@@ -15,7 +15,8 @@ from ..mlir_support import broadcast_like, create_value, int_list, walk
 from ..ops import ELEMENTWISE
 from .lower import LoweringState, Text, register_rewrite, register_template
 
-GEMM_ELEMENT_TYPES = {"f32": 4, "f64": 8}
+GEMM_ELEMENT_TYPES = frozenset({"f32", "f64"})
+ELEMENT_BYTES = {"f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 
@@ -28,7 +29,7 @@ def pointer(t: Text, buffer: str, btype: str, elem: str) -> tuple[str, list[str]
     sizes = ", ".join(["index"] * (1 + 2 * rank))
     t.emit(f"{meta}:{2 + 2 * rank} = memref.extract_strided_metadata {buffer} : {btype} -> memref<{elem}>, {sizes}")
     base = t(f"memref.extract_aligned_pointer_as_index {meta}#0 : memref<{elem}> -> index")
-    first = t(f"arith.addi {base}, {t(f'arith.muli {meta}#1, {t.const(GEMM_ELEMENT_TYPES[elem])} : index')} : index")
+    first = t(f"arith.addi {base}, {t(f'arith.muli {meta}#1, {t.const(ELEMENT_BYTES[elem])} : index')} : index")
     address = t(f"llvm.inttoptr {t(f'arith.index_cast {first} : index to i64')} : i64 to !llvm.ptr")
     return address, [f"{meta}#{2 + rank + i}" for i in range(rank)]
 
@@ -155,7 +156,7 @@ def _static_product(dims: list[int]) -> int:
 def _is_blas_dot(op: ir.Operation) -> bool:
     """f32/f64 dots go to the BLAS; other element types to the upstream conversion's loops."""
     types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands, op.result]}
-    return len(types) == 1 and types <= GEMM_ELEMENT_TYPES.keys()
+    return len(types) == 1 and types <= GEMM_ELEMENT_TYPES
 
 
 # A GEMM reads a transposed operand in place unless its rows (or columns) are short runs of fewer

@@ -539,9 +539,7 @@ int ral_context_take(ral_context *ctx, void *ptr) {
   return taken;
 }
 
-/* A host buffer of the context given back before the end of the call (nothing if the context
- * does not own it). */
-static void context_free(ral_context *ctx, void *ptr) {
+void context_free(ral_context *ctx, void *ptr) {
   pthread_mutex_lock(&ctx->lock);
   int owned = ptr_list_remove(&ctx->buffers, ptr);
   pthread_mutex_unlock(&ctx->lock);

@@ -34,6 +34,9 @@ struct ral_context {
 
 /* The calling thread's current context (ral_context_enter). */
 RAL_INTERNAL ral_context *current_context(void);
+/* A host buffer of the context given back before the end of the call (nothing if the context
+ * does not own it). */
+RAL_INTERNAL void context_free(ral_context *ctx, void *ptr);
 /* Ends the current call after a failure where ral_context_call says it does (else returns). */
 RAL_INTERNAL void context_exit(ral_context *ctx);
 /* Sets the message ral_runtime_create_error returns on this thread. */

@@ -1,6 +1,7 @@
 /* Tests of the RAL's C API: allocator, contexts, thread pool, GEMM, convolution. Usage: test_ral [blas.so] */
 #include "ral/ral.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -455,6 +456,91 @@ static void test_small_gemm_kernel(void) {
   }
 }
 
+/* The FFT entry against a direct DFT in long double: lengths with factors of 4, 2, 3, 5 and small
+ * primes, and with primes past the direct limit (Bluestein), every kind, 1-3 dims, float and
+ * double, several lines per call. */
+static void dft(const double *in, double *out, int64_t n, int inverse) {
+  long double *c = malloc(sizeof(long double) * (size_t)n), *sn = malloc(sizeof(long double) * (size_t)n);
+  for (int64_t m = 0; m < n; m++) {
+    long double a = (inverse ? 2 : -2) * 3.14159265358979323846264338327950288L * (long double)m / (long double)n;
+    c[m] = cosl(a);
+    sn[m] = sinl(a);
+  }
+  for (int64_t k = 0; k < n; k++) {
+    long double re = 0, im = 0;
+    for (int64_t j = 0; j < n; j++) {
+      int64_t m = (j * k) % n;
+      re += in[2 * j] * c[m] - in[2 * j + 1] * sn[m];
+      im += in[2 * j] * sn[m] + in[2 * j + 1] * c[m];
+    }
+    out[2 * k] = (double)(inverse ? re / n : re);
+    out[2 * k + 1] = (double)(inverse ? im / n : im);
+  }
+  free(c), free(sn);
+}
+
+static int fft_1d_matches(int kind, int64_t n, int64_t batch) {
+  int64_t in_points = kind == 3 ? n / 2 + 1 : n, out_points = kind == 2 ? n / 2 + 1 : n;
+  int real_in = kind == 2, real_out = kind == 3;
+  double *in = calloc((size_t)(2 * batch * n + 2), sizeof(double)), *out = calloc((size_t)(2 * batch * n + 2), sizeof(double));
+  double *line = malloc(sizeof(double) * 2 * (size_t)n), *want = malloc(sizeof(double) * 2 * (size_t)n);
+  for (int64_t i = 0; i < batch * in_points * (real_in ? 1 : 2); i++) in[i] = (double)((i * 37) % 23) / 7.0 - 1.5;
+  disc_ral_fft(kind, 1, batch, 1, n, 0, 0, in, out);
+  int ok = 1;
+  for (int64_t b = 0; b < batch; b++) {
+    for (int64_t j = 0; j < n; j++) { /* the line as complex numbers (IRFFT: the whole Hermitian spectrum) */
+      int64_t src = kind == 3 && j >= in_points ? n - j : j;
+      double re = real_in ? in[b * n + j] : in[2 * (b * in_points + src)], im = real_in ? 0 : in[2 * (b * in_points + src) + 1];
+      line[2 * j] = re;
+      line[2 * j + 1] = kind == 3 && j >= in_points ? -im : im;
+    }
+    dft(line, want, n, kind == 1 || kind == 3);
+    for (int64_t k = 0; k < out_points; k++) {
+      double re = real_out ? out[b * n + k] : out[2 * (b * out_points + k)], im = real_out ? 0 : out[2 * (b * out_points + k) + 1];
+      double scale = 1e-9 * (1 + n);
+      ok &= fabs(re - want[2 * k]) < scale && (real_out || fabs(im - want[2 * k + 1]) < scale);
+    }
+  }
+  free(in), free(out), free(line), free(want);
+  return ok;
+}
+
+static void test_fft(ral_runtime *rt) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  static const int64_t lengths[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 30, 31, 37, 64, 97, 100, 210, 1000, 1031};
+  for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++)
+    for (int kind = 0; kind < 4; kind++) {
+      int ok = fft_1d_matches(kind, lengths[i], lengths[i] >= 1000 ? 1 : 3);
+      CHECK(ok);
+      if (!ok) printf("fft kind %d of %lld points differs from the DFT\n", kind, (long long)lengths[i]);
+    }
+  /* 2-D: FFT of [2, 3, 5] over the last two dims against two passes of 1-D ones; float */
+  float x[2 * 3 * 5 * 2], y[2 * 3 * 5 * 2];
+  for (int i = 0; i < 60; i++) x[i] = (float)((i * 7) % 11) - 5;
+  disc_ral_fft(0, 0, 2, 2, 3, 5, 0, x, y);
+  int ok2 = 1;
+  for (int b = 0; b < 2; b++)
+    for (int k0 = 0; k0 < 3; k0++)
+      for (int k1 = 0; k1 < 5; k1++) {
+        double re = 0, im = 0;
+        for (int j0 = 0; j0 < 3; j0++)
+          for (int j1 = 0; j1 < 5; j1++) {
+            double a = -2 * M_PI * ((double)(j0 * k0) / 3 + (double)(j1 * k1) / 5);
+            const float *v = x + 2 * ((b * 3 + j0) * 5 + j1);
+            re += v[0] * cos(a) - v[1] * sin(a);
+            im += v[0] * sin(a) + v[1] * cos(a);
+          }
+        const float *got = y + 2 * ((b * 3 + k0) * 5 + k1);
+        ok2 &= fabs(got[0] - re) < 1e-4 && fabs(got[1] - im) < 1e-4;
+      }
+  CHECK(ok2);
+  CHECK(ral_context_status(ctx) == RAL_OK);
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -629,6 +715,7 @@ int main(int argc, char **argv) {
   test_threads_share_runtime(rt);
   test_concurrent_loops_overlap(rt);
   test_failures_inside_loops(rt);
+  test_fft(rt);
   test_gemm(rt, blas != NULL);
   test_conv(rt, blas != NULL);
   test_small_gemm_kernel();

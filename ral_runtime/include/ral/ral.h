@@ -32,7 +32,7 @@ typedef enum {
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 6
+#define RAL_ABI_VERSION 7
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -120,6 +120,14 @@ void disc_ral_check_alloc(int64_t status, int64_t value, const char *what);
  * location, the contract) with "{0}" and "{1}" replaced by `a` and `b` (the values seen), and
  * ends it as ral_context_call says. */
 void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b);
+
+/* StableHLO's fft over the last `rank` (1-3) dims of contiguous row-major data [batch, n0[,
+ * n1[, n2]]]: `kind` 0 FFT and 1 IFFT (complex to complex, IFFT scaled by 1 / the points), 2
+ * RFFT (real to complex: the last dim's n/2+1 first points), 3 IRFFT (complex, the last dim n/2+1
+ * points, to real); `is_double`: f64 / complex<f64>, else f32 / complex<f32>; n0..n2 the
+ * transform's lengths (unused ones ignored). Any lengths; computed in double precision. */
+void disc_ral_fft(int64_t kind, int64_t is_double, int64_t batch, int64_t rank, int64_t n0, int64_t n1, int64_t n2,
+                  const void *in, void *out);
 
 /* Runs body(data, lo, hi) over [0, n) on the current context's thread pool; runs inline when
  * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */
