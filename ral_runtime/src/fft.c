@@ -6,9 +6,10 @@
  * transform as a convolution of twice the length, done with a smooth-length FFT). Plans (factors
  * and twiddles) are built once per length and kept for the process: the lengths are attributes of
  * the program, so there are few. A transform over a dim that is not the last one gathers lines
- * into contiguous buffers, a few neighbouring ones at a time (they share cache lines). Real transforms go through the complex transform of the full length
- * (the half spectrum out; the whole Hermitian spectrum rebuilt in), so they cost what a complex
- * one does. Lines are split over the RAL's thread pool. */
+ * into contiguous buffers, a few neighbouring ones at a time (they share cache lines). A real
+ * transform of even length n is a complex one of n/2 points (the even samples as real parts, the
+ * odd ones as imaginary parts) and a pass that separates the two; of odd length, the complex
+ * transform of all n points. Lines are split over the RAL's thread pool. */
 #include "ral/ral.h"
 #include "ral_internal.h"
 
@@ -42,6 +43,7 @@ typedef struct fft_plan {
   int num_factors;
   int64_t factors[MAX_FACTORS];
   cplx *twiddles; /* per stage: (p - 1) * m of them, stage after stage */
+  cplx *half;     /* e^(-pi i k / n), k < n: the real transform of 2n points through this plan */
   /* Bluestein (when a factor is too large for the plain DFT) */
   struct fft_plan *conv; /* the plan of the convolution's length */
   cplx *chirp;           /* e^(-pi i j^2 / n), j < n */
@@ -77,6 +79,7 @@ static void transform(const fft_plan *plan, cplx *x, cplx *work);
 static void plan_free(fft_plan *p) {
   if (!p) return;
   free(p->twiddles);
+  free(p->half);
   free(p->chirp);
   free(p->kernel);
   plan_free(p->conv);
@@ -88,6 +91,11 @@ static fft_plan *plan_build(int64_t n) {
   if (!p) return NULL;
   p->n = n;
   p->num_factors = factorize(n, p->factors);
+  if (!(p->half = malloc(sizeof(cplx) * (size_t)(n > 0 ? n : 1)))) {
+    free(p);
+    return NULL;
+  }
+  for (int64_t k = 0; k < n; k++) p->half[k] = unit_root(k, 2 * n);
   int64_t largest = p->num_factors ? p->factors[p->num_factors - 1] : 1;
   if (largest > MAX_DIRECT_PRIME && largest > 5) {
     int64_t m = smooth_length(2 * n - 1);
@@ -335,11 +343,62 @@ static void run_lines(void *data, int64_t lo, int64_t hi) {
   context_free(ctx, lines);
 }
 
+/* Real transforms of even length n = 2m along the last dim (lines [lo, hi), contiguous), through
+ * the plan of m points: z = x[0::2] + i x[1::2], Z its transform, and X_k = E_k + w^k O_k for
+ * w = e^(-2 pi i / n), with E_k = (Z_k + conj Z_(m-k)) / 2 and O_k = -i (Z_k - conj Z_(m-k)) / 2
+ * (the transforms of the even and odd samples); IRFFT the other way round (imaginary parts of
+ * X_0 and X_m ignored, as numpy and XLA do). k and m - k are computed together, in place. */
+static void run_real_lines(void *data, int64_t lo, int64_t hi) {
+  const lines_job *g = data;
+  ral_context *ctx = current_context();
+  int64_t n = g->len, m = n / 2;
+  cplx *line = ral_alloc(ctx, sizeof(cplx) * (size_t)(m + 1 + work_points(g->plan)));
+  if (!line) return;
+  cplx *work = line + m + 1;
+  const cplx *w = g->plan->half;
+  for (int64_t l = lo; l < hi; l++) {
+    if (g->kind == RFFT) {
+      for (int64_t j = 0; j < m; j++)
+        line[j] = (cplx){load(g, g->in, l * n + 2 * j, 1).re, load(g, g->in, l * n + 2 * j + 1, 1).re};
+      transform(g->plan, line, work);
+      line[m] = line[0];
+      for (int64_t k = 0; k <= m / 2; k++) {
+        int64_t j = m - k;
+        cplx zk = line[k], zj = line[j], wk = w[k], wj = j < m ? w[j] : (cplx){-1, 0};
+        cplx e = {(zk.re + zj.re) / 2, (zk.im - zj.im) / 2}, o = {(zk.im + zj.im) / 2, -(zk.re - zj.re) / 2};
+        line[k] = cadd(e, cmul(wk, o));
+        line[j] = cadd((cplx){e.re, -e.im}, cmul(wj, (cplx){o.re, -o.im}));
+      }
+      for (int64_t k = 0; k <= m; k++) store(g, g->out, l * (m + 1) + k, line[k], 0);
+    } else {
+      for (int64_t k = 0; k <= m; k++) line[k] = load(g, g->in, l * (m + 1) + k, 0);
+      line[0].im = line[m].im = 0;
+      for (int64_t k = 0; k <= m / 2; k++) {
+        int64_t j = m - k;
+        cplx xk = line[k], xj = line[j], wk = w[k], wj = j < m ? w[j] : (cplx){-1, 0};
+        cplx e = {(xk.re + xj.re) / 2, (xk.im - xj.im) / 2};
+        cplx dk = {(xk.re - xj.re) / 2, (xk.im + xj.im) / 2}, dj = {(xj.re - xk.re) / 2, (xj.im + xk.im) / 2};
+        cplx ok = cmul(dk, (cplx){wk.re, -wk.im}), oj = cmul(dj, (cplx){wj.re, -wj.im});
+        line[k] = (cplx){e.re - ok.im, e.im + ok.re};  /* E + i O */
+        line[j] = (cplx){e.re - oj.im, -e.im + oj.re};
+      }
+      for (int64_t k = 0; k < m; k++) line[k].im = -line[k].im; /* the inverse by conjugation */
+      transform(g->plan, line, work);
+      for (int64_t j = 0; j < m; j++) {
+        store(g, g->out, l * n + 2 * j, (cplx){line[j].re / (double)m, 0}, 1);
+        store(g, g->out, l * n + 2 * j + 1, (cplx){-line[j].im / (double)m, 0}, 1);
+      }
+    }
+  }
+  context_free(ctx, line);
+}
+
 /* One transform along one axis of [outer, len, inner] (input and output may be the same buffer
  * for complex transforms: each line is read whole before it is written). */
 static void along_axis(int kind, int is_double, int64_t outer, int64_t len, int64_t inner, const void *in, void *out) {
   ral_context *ctx = current_context();
-  const fft_plan *plan = plan_for(len);
+  int half = (kind == RFFT || kind == IRFFT) && len % 2 == 0 && len >= 2; /* lines along the last dim (inner is 1) */
+  const fft_plan *plan = plan_for(half ? len / 2 : len);
   if (!plan) {
     char message[96];
     snprintf(message, sizeof message, "fft: out of memory planning a transform of %lld points", (long long)len);
@@ -349,7 +408,7 @@ static void along_axis(int kind, int is_double, int64_t outer, int64_t len, int6
   }
   lines_job g = {kind, is_double, plan, len, kind == IRFFT ? len / 2 + 1 : len, kind == RFFT ? len / 2 + 1 : len, inner, in, out};
   int64_t count = outer * inner;
-  disc_ral_parallel_for(run_lines, &g, count, count * len * 8);
+  disc_ral_parallel_for(half ? run_real_lines : run_lines, &g, count, count * len * 8);
 }
 
 void disc_ral_fft(int64_t kind, int64_t is_double, int64_t batch, int64_t rank, int64_t n0, int64_t n1, int64_t n2,
