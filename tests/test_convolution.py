@@ -271,3 +271,49 @@ def test_same_padding_over_dynamic_image_sizes(layout, kernel, groups):
     for size in [(7, 9), (8, 8), (1, 2), (16, 31)]:
         x = rng.standard_normal([2, 4, *size] if layout[0] == "NCHW" else [2, *size, 4]).astype(np.float32)
         np.testing.assert_allclose(f(x), jax.jit(fn)(x), rtol=1e-4, atol=1e-4, err_msg=str(size))
+
+
+@pytest.mark.parametrize("dtype, accumulate, layout", [(np.int8, jnp.int32, ("NCHW", "OIHW", "NCHW")),
+                                                       (np.float16, jnp.float32, ("NCHW", "OIHW", "NCHW")),
+                                                       (jnp.bfloat16, jnp.float32, ("NHWC", "HWIO", "NHWC"))])
+def test_mixed_element_types_with_dynamic_dims(dtype, accumulate, layout):
+    """int8 inputs accumulated in int32 (quantised models), float16 and bfloat16 in float32: the
+    elements are widened before their products, with a dynamic batch and image size."""
+    b, h = export.symbolic_shape("b, h")
+    nchw = layout[0] == "NCHW"
+
+    def fn(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 2), "SAME", dimension_numbers=layout, feature_group_count=2,
+                                            preferred_element_type=accumulate)
+    x_shape, w_shape = ((b, 6, h, 9), (4, 3, 3, 3)) if nchw else ((b, h, 9, 6), (3, 3, 3, 4))
+    f = disc.compile(fn, jax.ShapeDtypeStruct(x_shape, dtype), jax.ShapeDtypeStruct(w_shape, dtype))
+    rng = np.random.default_rng(0)
+    for batch, height in [(1, 5), (3, 8)]:
+        shape = tuple(batch if d is b else height if d is h else d for d in x_shape)
+        x = (rng.integers(-100, 100, shape) if np.dtype(dtype).kind == "i" else rng.standard_normal(shape)).astype(dtype)
+        w = (rng.integers(-100, 100, w_shape) if np.dtype(dtype).kind == "i" else rng.standard_normal(w_shape)).astype(dtype)
+        got, want = f(x, w), np.asarray(jax.jit(fn)(x, w))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_with_dynamic_dims():
+    """A kernel whose features and window sizes are known at run time only; an input whose
+    features differ from the kernel's is a ShapeError before the convolution runs."""
+    b, k = export.symbolic_shape("b, k")
+
+    def fn(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", rhs_dilation=(2, 1))
+    f = disc.compile(fn, jax.ShapeDtypeStruct((2, b, 9, 9), np.float32), jax.ShapeDtypeStruct((k, b, k, 2), np.float32))
+    rng = np.random.default_rng(0)
+    for features, kernel in [(3, 2), (5, 3)]:
+        x = rng.standard_normal((2, features, 9, 9)).astype(np.float32)
+        w = rng.standard_normal((kernel, features, kernel, 2)).astype(np.float32)
+        np.testing.assert_allclose(f(x, w), np.asarray(jax.jit(fn)(x, w)), rtol=1e-4, atol=1e-4)
+    g = disc.compile("""func.func @main(%x: tensor<2x?x8x8xf32>, %w: tensor<4x?x3x3xf32>) -> tensor<2x4x6x6xf32> {
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {}
+          {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<2x?x8x8xf32>, tensor<4x?x3x3xf32>) -> tensor<2x4x6x6xf32>
+      return %0 : tensor<2x4x6x6xf32>
+    }""")
+    with pytest.raises(disc.ShapeError, match=r"stablehlo.convolution at .*: the input has 3 features, the kernel's 1 group\(s\) read 5"):
+        g(np.ones((2, 3, 8, 8), np.float32), np.ones((4, 5, 3, 3), np.float32))

@@ -89,27 +89,36 @@ def _convolution(op, t: Text, state):
     groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
     if ir.IntegerAttr(op.attributes["batch_group_count"]).value != 1:
         raise UnsupportedOpError("batch_group_count > 1 with dynamic dims")
-    elem = _elem(op.result)
-    if _elem(op.operands[0]) != elem or _elem(op.operands[1]) != elem:
-        raise UnsupportedOpError("mixed element types with dynamic dims")
+    elem, in_elem, k_elem = _elem(op.result), _elem(op.operands[0]), _elem(op.operands[1])
+    if not all(_widens(e, elem) for e in (in_elem, k_elem)):
+        raise UnsupportedOpError(f"a convolution of {in_elem} and {k_elem} into {elem}: only signed integers or floats widened "
+                                 "to the result's type")
     kernel_in = rhs_t.shape[dn.kernel_input_feature_dimension]
     out_features = rhs_t.shape[dn.kernel_output_feature_dimension]
-    if rhs_t.is_dynamic_dim(dn.kernel_input_feature_dimension) or rhs_t.is_dynamic_dim(dn.kernel_output_feature_dimension) or any(
-            rhs_t.is_dynamic_dim(d) for d in dn.kernel_spatial_dimensions):
-        raise UnsupportedOpError("dynamic kernel dims")
+    if not rhs_t.has_static_shape and (groups > 1 or any(reversal)):
+        raise UnsupportedOpError("a kernel with dynamic dims in a grouped or reversed convolution")
     # output dims: batch from the input, features from the kernel, spatial from the window
     # sliding over the padded input (edge padding, and the input dilation as interior padding)
-    in_dims = t.dims("%a0", lhs_t)
+    in_dims, k_dims = t.dims("%a0", lhs_t), t.dims("%a1", rhs_t)
+    if lhs_t.is_dynamic_dim(dn.input_feature_dimension) or rhs_t.is_dynamic_dim(dn.kernel_input_feature_dimension):
+        features = in_dims[dn.input_feature_dimension]
+        per_group = t(f"arith.muli {k_dims[dn.kernel_input_feature_dimension]}, {t.const(groups)} : index")
+        t.check(state, op, t(f"arith.cmpi ne, {features}, {per_group} : index"),
+                f"the input has {{0}} features, the kernel's {groups} group(s) read {{1}}", features, per_group)
     out_dims = [t.const(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else None for d in range(out_t.rank)]
     if out_dims[dn.output_batch_dimension] is None:
         out_dims[dn.output_batch_dimension] = in_dims[dn.input_batch_dimension]
+    if out_dims[dn.output_feature_dimension] is None:
+        out_dims[dn.output_feature_dimension] = k_dims[dn.kernel_output_feature_dimension]
     for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
         if out_dims[od] is None:
             size = padded_size(t, in_dims[idim], index[2 * s], index[2 * s + 1], t.const(lhs_dil[s] - 1))
-            reach = t.const((rhs_t.shape[kd] - 1) * rhs_dil[s] + 1)
+            extent = t(f"arith.muli {t(f'arith.subi {k_dims[kd]}, {t.const(1)} : index')}, {t.const(rhs_dil[s])} : index")
+            reach = t(f"arith.addi {extent}, {t.const(1)} : index")
             steps = t(f"arith.floordivsi {t(f'arith.subi {size}, {reach} : index')}, {t.const(strides[s])} : index")
             out_dims[od] = t(f"arith.maxsi {t(f'arith.addi {steps}, {t.const(1)} : index')}, {t.const(0)} : index")
-    if _as_gemm(op) and _channels_first(dn, n) and GPU_ATTR not in state.module.operation.attributes:
+    gemm = _as_gemm(op) and rhs_t.has_static_shape
+    if gemm and _channels_first(dn, n) and GPU_ATTR not in state.module.operation.attributes:
         return [_conv_call(t, op, in_dims, out_dims, strides, padding, lhs_dil, rhs_dil, elem)]
     # pad the input
     lows, highs, interiors = [0] * lhs_t.rank, [0] * lhs_t.rank, [0] * lhs_t.rank
@@ -119,11 +128,10 @@ def _convolution(op, t: Text, state):
         if not lhs_t.is_dynamic_dim(d) and isinstance(padding[2 * s], int):
             size = lhs_t.shape[d]
             padded_shape[d] = str(padding[2 * s] + padding[2 * s + 1] + size + max(size - 1, 0) * (lhs_dil[s] - 1))
-    padded_type = f"tensor<{'x'.join(padded_shape)}x{elem}>"
-    zero = t(f"arith.constant {'0.0' if elem.startswith(('f', 'bf')) else '0'} : {elem}")
-    padded = _pad(t, "%a0", lhs_t, zero, padded_type, lows, highs, interiors)
+    padded_type = f"tensor<{'x'.join(padded_shape)}x{in_elem}>"
+    padded = _pad(t, "%a0", lhs_t, _zero(t, in_elem), padded_type, lows, highs, interiors)
     padded_t = ir.RankedTensorType(ir.Type.parse(padded_type))
-    if _as_gemm(op):
+    if gemm:
         return [_gemm(t, op, dn, padded, padded_type, out_dims, strides, rhs_dil, elem)]
     rank = out_t.rank
     window = [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]
@@ -153,7 +161,7 @@ def _convolution(op, t: Text, state):
         sizes = [t.dim(padded, padded_t, d) if padded_t.is_dynamic_dim(d) else str(padded_t.shape[d]) for d in range(lhs_t.rank)]
         for od, idim in zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions):
             sizes[idim] = out_dims[od] if out_t.is_dynamic_dim(od) else str(out_t.shape[od])
-        slice_type = f"tensor<{'x'.join('?' if v.startswith('%') else v for v in sizes)}x{elem}>"
+        slice_type = f"tensor<{'x'.join('?' if v.startswith('%') else v for v in sizes)}x{in_elem}>"
         slices = {}
         for w in itertools.product(*map(range, window)):
             offsets, steps = ["0"] * lhs_t.rank, ["1"] * lhs_t.rank
@@ -165,14 +173,16 @@ def _convolution(op, t: Text, state):
         all_dims = ", ".join(f"d{i}" for i in range(rank))
         lhs_maps, rhs_maps = zip(*(maps(list(map(str, w)), str(f), sliced=True) for w, f in terms))
         indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in [*lhs_maps, *rhs_maps, [f"d{i}" for i in range(rank)]]]
-        body = [f"%p0 = {mul} %x0, %w0 : {elem}"]
+        body = [line for i in range(len(terms)) for line in _widened(f"%x{i}", in_elem, elem) + _widened(f"%w{i}", k_elem, elem)]
+        body.append(f"%p0 = {mul} %x0{_suffix(in_elem, elem)}, %w0{_suffix(k_elem, elem)} : {elem}")
         for i in range(1, len(terms)):
-            body += [f"%q{i} = {mul} %x{i}, %w{i} : {elem}", f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}"]
+            body += [f"%q{i} = {mul} %x{i}{_suffix(in_elem, elem)}, %w{i}{_suffix(k_elem, elem)} : {elem}",
+                     f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}"]
         body.append(f"linalg.yield %p{len(terms) - 1} : {elem}")
         parallel = ", ".join(['"parallel"'] * rank)
         operands = ", ".join([slices[w] for w, _ in terms] + ["%a1"] * len(terms))
         types = ", ".join([slice_type] * len(terms) + [str(rhs_t)] * len(terms))
-        args = ", ".join([f"%x{i}: {elem}" for i in range(len(terms))] + [f"%w{i}: {elem}" for i in range(len(terms))])
+        args = ", ".join([f"%x{i}: {in_elem}" for i in range(len(terms))] + [f"%w{i}: {k_elem}" for i in range(len(terms))])
         name = t.fresh("conv")
         t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{parallel}]}} "
                f"ins({operands} : {types}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) {{\n"
@@ -183,13 +193,48 @@ def _convolution(op, t: Text, state):
     all_dims = ", ".join(f"d{i}" for i in range(rank + n + 1))
     indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(rank)])]
     iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * (n + 1))
-    init = t(f"linalg.fill ins({zero} : {elem}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) -> {op.result.type}")
+    init = t(f"linalg.fill ins({_zero(t, elem)} : {elem}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) -> {op.result.type}")
     name = t.fresh("conv")
+    widen = "\n  ".join(_widened("%x", in_elem, elem) + _widened("%w", k_elem, elem))
     t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{iterators}]}} "
            f"ins({padded}, %a1 : {padded_type}, {rhs_t}) outs({init} : {op.result.type}) {{\n"
-           f"^bb0(%x: {elem}, %w: {elem}, %acc: {elem}):\n  %xw = {mul} %x, %w : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
+           f"^bb0(%x: {in_elem}, %w: {k_elem}, %acc: {elem}):\n  {widen + chr(10) + '  ' if widen else ''}"
+           f"%xw = {mul} %x{_suffix(in_elem, elem)}, %w{_suffix(k_elem, elem)} : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
            f"  linalg.yield %sum : {elem}\n}} -> {op.result.type}")
     return [name]
+
+
+def _is_float(elem: str) -> bool:
+    return elem.startswith(("f", "bf"))
+
+
+_FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+
+
+def _widens(src: str, dst: str) -> bool:
+    """Whether products of `src` elements accumulate in `dst` by widening them first (the same
+    type, a float to a wider float, a signed integer to a wider one)."""
+    if src == dst:
+        return True
+    if _is_float(src) and _is_float(dst):
+        return src in _FLOAT_BITS and dst in _FLOAT_BITS and _FLOAT_BITS[src] < _FLOAT_BITS[dst]
+    return src[0] == dst[0] == "i" and src[1:].isdigit() and dst[1:].isdigit() and int(src[1:]) < int(dst[1:])
+
+
+def _suffix(src: str, dst: str) -> str:
+    return "" if src == dst else "_wide"
+
+
+def _widened(value: str, src: str, dst: str) -> list[str]:
+    """The body line that widens a block argument `value` of type `src` to `dst` (named
+    value + `_suffix`), or none."""
+    if src == dst:
+        return []
+    return [f"{value}_wide = {'arith.extf' if _is_float(src) else 'arith.extsi'} {value} : {src} to {dst}"]
+
+
+def _zero(t: Text, elem: str) -> str:
+    return t(f"arith.constant {'0.0' if _is_float(elem) else '0'} : {elem}")
 
 
 def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims: list[str], strides: list[int],
