@@ -20,7 +20,12 @@
 - larger windows are one linalg.generic whose affine maps encode the layout, window strides,
   rhs dilation, window reversal and feature groups, reducing over the window and the input
   features of the output feature's group (the upstream conversion takes only a dynamic batch,
-  and only in the [b, spatial..., f] layout)."""
+  and only in the [b, spatial..., f] layout).
+
+With dynamic dims, the last two also take mixed element types (int8 accumulated in int32, float16
+and bfloat16 in float32: the elements are widened before their products) and kernels whose
+features and window sizes are dynamic (ungrouped, unreversed: the input's features are checked
+against the kernel's at run time)."""
 
 from __future__ import annotations
 
