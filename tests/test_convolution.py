@@ -317,3 +317,30 @@ def test_kernels_with_dynamic_dims():
     }""")
     with pytest.raises(disc.ShapeError, match=r"stablehlo.convolution at .*: the input has 3 features, the kernel's 1 group\(s\) read 5"):
         g(np.ones((2, 3, 8, 8), np.float32), np.ones((4, 5, 3, 3), np.float32))
+
+
+@pytest.mark.parametrize("layout, groups", [(("NCHW", "OIHW", "NCHW"), 2), (("NHWC", "HWIO", "NHWC"), 3)])
+def test_batch_groups_with_dynamic_dims(layout, groups):
+    """batch_group_count > 1 (the weight gradient of a grouped convolution): each group of output
+    features reads its own group of the batch; a batch that does not split evenly is a ShapeError."""
+    b, h = export.symbolic_shape("b, h")
+    nchw = layout[0] == "NCHW"
+
+    def fn(x, w):
+        return jax.lax.conv_general_dilated(x, w, (2, 1), "SAME", dimension_numbers=layout, batch_group_count=groups)
+    x_shape = (groups * b, 3, h, 7) if nchw else (groups * b, h, 7, 3)
+    w_shape = (2 * groups, 3, 3, 3) if nchw else (3, 3, 3, 2 * groups)
+    f = disc.compile(fn, jax.ShapeDtypeStruct(x_shape, np.float32), jax.ShapeDtypeStruct(w_shape, np.float32))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    for batch, height in [(1, 5), (2, 8)]:
+        x = rng.standard_normal(tuple(groups * batch if i == 0 else height if d is h else d for i, d in enumerate(x_shape))).astype(np.float32)
+        np.testing.assert_allclose(f(x, w), np.asarray(jax.jit(fn)(x, w)), rtol=1e-4, atol=1e-4)
+    g = disc.compile("""func.func @main(%x: tensor<?x3x8x8xf32>, %w: tensor<4x3x3x3xf32>) -> tensor<?x4x6x6xf32> {
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {}
+          {batch_group_count = 2 : i64, feature_group_count = 1 : i64} : (tensor<?x3x8x8xf32>, tensor<4x3x3x3xf32>) -> tensor<?x4x6x6xf32>
+      return %0 : tensor<?x4x6x6xf32>
+    }""")
+    assert g(np.ones((4, 3, 8, 8), np.float32), np.ones((4, 3, 3, 3), np.float32)).shape == (2, 4, 6, 6)
+    with pytest.raises(disc.ShapeError, match=r"the input's batch of 3 is not 2 groups of equal size"):
+        g(np.ones((3, 3, 8, 8), np.float32), np.ones((4, 3, 3, 3), np.float32))

@@ -25,7 +25,9 @@
 With dynamic dims, the last two also take mixed element types (int8 accumulated in int32, float16
 and bfloat16 in float32: the elements are widened before their products) and kernels whose
 features and window sizes are dynamic (ungrouped, unreversed: the input's features are checked
-against the kernel's at run time)."""
+against the kernel's at run time); the last one also takes batch_group_count > 1 (the input's
+batch read as [groups, batch / groups], the group picked by the output feature's; a batch that
+does not split evenly is a ShapeError)."""
 
 from __future__ import annotations
 
@@ -92,15 +94,14 @@ def _convolution(op, t: Text, state):
     rhs_dil = int_list(op, "rhs_dilation") or [1] * n
     reversal = [bool(x) for x in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])] if "window_reversal" in op.attributes else [False] * n
     groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
-    if ir.IntegerAttr(op.attributes["batch_group_count"]).value != 1:
-        raise UnsupportedOpError("batch_group_count > 1 with dynamic dims")
+    batch_groups = ir.IntegerAttr(op.attributes["batch_group_count"]).value
     elem, in_elem, k_elem = _elem(op.result), _elem(op.operands[0]), _elem(op.operands[1])
     if not all(_widens(e, elem) for e in (in_elem, k_elem)):
         raise UnsupportedOpError(f"a convolution of {in_elem} and {k_elem} into {elem}: only signed integers or floats widened "
                                  "to the result's type")
     kernel_in = rhs_t.shape[dn.kernel_input_feature_dimension]
     out_features = rhs_t.shape[dn.kernel_output_feature_dimension]
-    if not rhs_t.has_static_shape and (groups > 1 or any(reversal)):
+    if not rhs_t.has_static_shape and (groups > 1 or batch_groups > 1 or any(reversal)):
         raise UnsupportedOpError("a kernel with dynamic dims in a grouped or reversed convolution")
     # output dims: batch from the input, features from the kernel, spatial from the window
     # sliding over the padded input (edge padding, and the input dilation as interior padding)
@@ -111,8 +112,14 @@ def _convolution(op, t: Text, state):
         t.check(state, op, t(f"arith.cmpi ne, {features}, {per_group} : index"),
                 f"the input has {{0}} features, the kernel's {groups} group(s) read {{1}}", features, per_group)
     out_dims = [t.const(out_t.shape[d]) if not out_t.is_dynamic_dim(d) else None for d in range(out_t.rank)]
+    if batch_groups > 1:  # the input's batch is batch_groups groups, one per group of output features
+        batch = in_dims[dn.input_batch_dimension]
+        remainder = t(f"arith.remsi {batch}, {t.const(batch_groups)} : index")
+        t.check(state, op, t(f"arith.cmpi ne, {remainder}, {t.const(0)} : index"),
+                f"the input's batch of {{0}} is not {batch_groups} groups of equal size (batch_group_count)", batch, t.const(batch_groups))
     if out_dims[dn.output_batch_dimension] is None:
-        out_dims[dn.output_batch_dimension] = in_dims[dn.input_batch_dimension]
+        batch = in_dims[dn.input_batch_dimension]
+        out_dims[dn.output_batch_dimension] = t(f"arith.divsi {batch}, {t.const(batch_groups)} : index") if batch_groups > 1 else batch
     if out_dims[dn.output_feature_dimension] is None:
         out_dims[dn.output_feature_dimension] = k_dims[dn.kernel_output_feature_dimension]
     for s, (od, idim, kd) in enumerate(zip(dn.output_spatial_dimensions, dn.input_spatial_dimensions, dn.kernel_spatial_dimensions)):
@@ -195,6 +202,10 @@ def _convolution(op, t: Text, state):
         return [name]
     # iteration space: output dims d0..d{R-1}, then window dims, then the group's input features
     lhs_map, rhs_map = maps([f"d{rank + s}" for s in range(n)], f"d{rank + n}")
+    if batch_groups > 1:  # the input's batch dim read as [batch groups, batch]: the output feature's group picks
+        padded, padded_type = _batch_groups(t, padded, padded_t, dn.input_batch_dimension, batch_groups)
+        bd = dn.input_batch_dimension
+        lhs_map[bd:bd + 1] = [f"{out_f} floordiv {out_features // batch_groups}", lhs_map[bd]]
     all_dims = ", ".join(f"d{i}" for i in range(rank + n + 1))
     indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(rank)])]
     iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * (n + 1))
@@ -207,6 +218,16 @@ def _convolution(op, t: Text, state):
            f"%xw = {mul} %x{_suffix(in_elem, elem)}, %w{_suffix(k_elem, elem)} : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
            f"  linalg.yield %sum : {elem}\n}} -> {op.result.type}")
     return [name]
+
+
+def _batch_groups(t: Text, x: str, x_t: ir.RankedTensorType, dim: int, count: int) -> tuple[str, str]:
+    """`x` with its dim `dim` split into [count, dim / count]."""
+    sizes = [t.dim(x, x_t, d) if x_t.is_dynamic_dim(d) else str(x_t.shape[d]) for d in range(x_t.rank)]
+    inner = t(f"arith.divsi {t.dim(x, x_t, dim)}, {t.const(count)} : index")
+    shape = sizes[:dim] + [str(count), inner] + sizes[dim + 1:]
+    groups = [[d] if d < dim else [d, d + 1] if d == dim else [d + 1] for d in range(x_t.rank)]
+    out_type = f"tensor<{'x'.join('?' if v.startswith('%') else v for v in shape)}x{x_t.element_type}>"
+    return t(f"tensor.expand_shape {x} {groups} output_shape [{', '.join(shape)}] : {x_t} into {out_type}"), out_type
 
 
 def _is_float(elem: str) -> bool:
