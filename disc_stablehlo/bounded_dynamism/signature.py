@@ -92,8 +92,15 @@ def dtype_name(dtype: np.dtype) -> str:
     return next(k for k, v in ELEMENT_TYPES.items() if v == dtype)
 
 
+_QUANT_STORAGE = re.compile(r"!quant\.uniform<([iu])(\d+)")
+
+
 def element_dtype(t: ir.Type, what: str) -> np.dtype:
+    """The numpy dtype of an element type; a quantized type's is its storage type's (the integers
+    the caller passes and gets: the compiled code converts them by the type's scales)."""
     text = str(t)
+    if m := _QUANT_STORAGE.match(text):
+        text = f"{'i' if m.group(1) == 'i' else 'ui'}{m.group(2)}"
     if text not in ELEMENT_TYPES:
         raise CompileError(f"{what}: element type {text} is not supported (supported: {', '.join(ELEMENT_TYPES)})")
     return ELEMENT_TYPES[text]

@@ -48,6 +48,7 @@ FLATTEN = "inline{default-pipeline=}, symbol-dce"
 SHAPE_TO_STD = ("func.func(shape-to-shape-lowering), func.func(remove-shape-constraints), canonicalize, "
                 "convert-shape-to-std, canonicalize, cse")
 LEGALIZE_CHLO = "func.func(chlo-legalize-to-stablehlo)"
+QUANT_TO_MATH = "func.func(stablehlo-legalize-quant-to-math)"
 SIMPLIFY = "func.func(stablehlo-aggressive-simplification), canonicalize, cse"
 # dims of op results are rewritten in terms of the operands' dims, so equal dims end up as one SSA value
 FUSE = ("canonicalize, cse, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, resolve-ranked-shaped-type-result-dims, canonicalize, cse")
@@ -100,15 +101,17 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         checked = (saved + [Constraint(c, "torch.export") for c in frontend_unchecked]
                    + [Constraint(c, "user") for c in constraints] + bounds_constraints(signature, arg_types))
         add_constraint_guards(module, entry, signature, checked)
-        # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main);
-        #    shape-dialect computations (torch-mlir's) become tensor/arith
+        # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main)
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        # 2. quantized ops become integer and float arithmetic (upstream), and CHLO (erf, erf_inv,
+        #    acosh, the broadcasting ops that pass emits, ...) StableHLO; top_k stays a selection (not
+        #    a sort)
+        protect_top_k(module)
+        run_pipeline(module, f"builtin.module({QUANT_TO_MATH}, {LEGALIZE_CHLO})", "CHLO legalization")
         params = [*params, *hoist_parameters(_function(module, entry_name))]  # large constants leave the IR
+        # shape-dialect computations (torch-mlir's, and CHLO's broadcasts) become tensor/arith
         resolve_ranked_shapes(module)
         run_pipeline(module, f"builtin.module({SHAPE_TO_STD})", "shape dialect lowering")
-        # 2. CHLO (erf, erf_inv, acosh, ...) becomes StableHLO; top_k stays a selection (not a sort)
-        protect_top_k(module)
-        run_pipeline(module, f"builtin.module({LEGALIZE_CHLO})", "CHLO legalization")
         # 3. fold constants and shape computations the frontends leave behind (booleans' sums are
         #    `or` first: folding them as integers would wrap)
         boolean_sums_as_or(module)
