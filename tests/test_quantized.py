@@ -62,3 +62,22 @@ def test_a_quantized_argument_of_the_wrong_storage_type_is_a_shape_error():
     np.testing.assert_array_equal(f(np.array([3, 5, -1], np.int8)), [0, 1, -2])
     with pytest.raises(disc.ShapeError, match="expected dtype int8, got float32"):
         f(np.array([3.0], np.float32))
+
+
+def test_a_quantized_convolution_with_a_dynamic_batch():
+    f = disc.compile("""func.func @main(%x: tensor<?x2x5x5x!quant.uniform<i8:f32, 0.1:2>>, %w: tensor<3x2x3x3x!quant.uniform<i8:f32, 0.05>>)
+        -> tensor<?x3x3x3xf32> {
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {}
+          {batch_group_count = 1 : i64, feature_group_count = 1 : i64}
+          : (tensor<?x2x5x5x!quant.uniform<i8:f32, 0.1:2>>, tensor<3x2x3x3x!quant.uniform<i8:f32, 0.05>>) -> tensor<?x3x3x3x!quant.uniform<i32:f32, 0.005>>
+      %1 = stablehlo.uniform_dequantize %0 : (tensor<?x3x3x3x!quant.uniform<i32:f32, 0.005>>) -> tensor<?x3x3x3xf32>
+      return %1 : tensor<?x3x3x3xf32>
+    }""")
+    rng = np.random.default_rng(0)
+    w = rng.integers(-50, 50, (3, 2, 3, 3)).astype(np.int8)
+    for batch in (1, 3):
+        x = rng.integers(-50, 50, (batch, 2, 5, 5)).astype(np.int8)
+        real_x, real_w = (x.astype(np.float64) - 2) * 0.1, w.astype(np.float64) * 0.05
+        want = np.stack([np.stack([np.stack([(real_x[:, :, i:i + 3, j:j + 3] * real_w[o]).sum(axis=(1, 2, 3))
+                                             for j in range(3)], -1) for i in range(3)], -2) for o in range(3)], 1)
+        np.testing.assert_allclose(f(x, w), want, rtol=1e-5, atol=1e-5)
