@@ -377,8 +377,12 @@ def _layout(desc: np.ndarray, dtype: np.dtype, rank: int) -> tuple[int, int, tup
     allocated, aligned, offset = (int(w) for w in desc[:3])
     shape = tuple(int(n) for n in desc[3:3 + rank])
     strides = tuple(int(s) * dtype.itemsize for s in desc[3 + rank:3 + 2 * rank])
-    span = 0 if 0 in shape else sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + dtype.itemsize
-    return allocated, aligned + offset * dtype.itemsize, shape, strides, span
+    return allocated, aligned + offset * dtype.itemsize, shape, strides, _span(shape, strides, dtype.itemsize)
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """The bytes from an array's first element to the end of its last (strides in bytes; 0: empty)."""
+    return 0 if 0 in shape else sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + itemsize
 
 
 def _host_result(item: tuple, dtype: np.dtype) -> np.ndarray:
@@ -388,10 +392,10 @@ def _host_result(item: tuple, dtype: np.dtype) -> np.ndarray:
     owner, address, shape, strides = item
     if owner is not None:
         return np.ndarray(shape, dtype, buffer=owner)
-    if 0 in shape:
-        return np.zeros(shape, dtype)
     strides = tuple(st * dtype.itemsize for st in strides)
-    span = sum((n - 1) * abs(st) for n, st in zip(shape, strides)) + dtype.itemsize
+    span = _span(shape, strides, dtype.itemsize)
+    if span == 0:
+        return np.zeros(shape, dtype)
     return np.ndarray(shape, dtype, buffer=(ctypes.c_char * span).from_address(address), strides=strides).copy()
 
 
@@ -800,9 +804,6 @@ def _to_device(x: Any, kind: str, device: Any) -> Any:
     return jax.device_put(x, device)
 
 
-_NUMPY_ONLY = {np.ndarray}
-
-
 def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
     """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
     if pytree:
@@ -811,10 +812,7 @@ def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
         leaves = jax.tree_util.tree_leaves(args)
     else:
         leaves = list(args)
-    types = {type(x) for x in leaves}
-    if types == _NUMPY_ONLY:
-        return leaves, "numpy"
-    modules = {t.__module__.split(".")[0] for t in types}
+    modules = {t.__module__.split(".")[0] for t in {type(x) for x in leaves}}
     for kind, names in (("jax", ("jax", "jaxlib")), ("torch", ("torch",)), ("tensorflow", ("tensorflow",))):
         if modules & set(names):
             return leaves, kind

@@ -163,7 +163,7 @@ def _convolution(op, t: Text, state):
             lhs_map[dn.input_spatial_dimensions[s]] = out_s if sliced else f"{out_s} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
             rhs_map[dn.kernel_spatial_dimensions[s]] = f"{window[s] - 1} - {win[s]}" if reversal[s] else win[s]
         return lhs_map, rhs_map
-    mul, add = ("arith.mulf", "arith.addf") if elem.startswith(("f", "bf")) else ("arith.muli", "arith.addi")
+    mul, add = ("arith.mulf", "arith.addf") if _is_float(elem) else ("arith.muli", "arith.addi")
     if _unrolled(op):
         # one elementwise generic summing the window's products: it fuses with its consumers, and
         # its loops are the output's (LLVM vectorises along the output's rows). Each window
@@ -185,11 +185,12 @@ def _convolution(op, t: Text, state):
         all_dims = ", ".join(f"d{i}" for i in range(rank))
         lhs_maps, rhs_maps = zip(*(maps(list(map(str, w)), str(f), sliced=True) for w, f in terms))
         indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in [*lhs_maps, *rhs_maps, [f"d{i}" for i in range(rank)]]]
-        body = [line for i in range(len(terms)) for line in _widened(f"%x{i}", in_elem, elem) + _widened(f"%w{i}", k_elem, elem)]
-        body.append(f"%p0 = {mul} %x0{_suffix(in_elem, elem)}, %w0{_suffix(k_elem, elem)} : {elem}")
-        for i in range(1, len(terms)):
-            body += [f"%q{i} = {mul} %x{i}{_suffix(in_elem, elem)}, %w{i}{_suffix(k_elem, elem)} : {elem}",
-                     f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}"]
+        body = []
+        for i in range(len(terms)):
+            (x_lines, x), (w_lines, w) = _widened(f"%x{i}", in_elem, elem), _widened(f"%w{i}", k_elem, elem)
+            body += x_lines + w_lines + [f"{'%p0' if i == 0 else f'%q{i}'} = {mul} {x}, {w} : {elem}"]
+            if i:
+                body.append(f"%p{i} = {add} %p{i - 1}, %q{i} : {elem}")
         body.append(f"linalg.yield %p{len(terms) - 1} : {elem}")
         parallel = ", ".join(['"parallel"'] * rank)
         operands = ", ".join([slices[w] for w, _ in terms] + ["%a1"] * len(terms))
@@ -211,12 +212,11 @@ def _convolution(op, t: Text, state):
     iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * (n + 1))
     init = t(f"linalg.fill ins({_zero(t, elem)} : {elem}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) -> {op.result.type}")
     name = t.fresh("conv")
-    widen = "\n  ".join(_widened("%x", in_elem, elem) + _widened("%w", k_elem, elem))
+    (x_lines, x), (w_lines, w) = _widened("%x", in_elem, elem), _widened("%w", k_elem, elem)
+    body = x_lines + w_lines + [f"%xw = {mul} {x}, {w} : {elem}", f"%sum = {add} %acc, %xw : {elem}", f"linalg.yield %sum : {elem}"]
     t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{iterators}]}} "
            f"ins({padded}, %a1 : {padded_type}, {rhs_t}) outs({init} : {op.result.type}) {{\n"
-           f"^bb0(%x: {in_elem}, %w: {k_elem}, %acc: {elem}):\n  {widen + chr(10) + '  ' if widen else ''}"
-           f"%xw = {mul} %x{_suffix(in_elem, elem)}, %w{_suffix(k_elem, elem)} : {elem}\n  %sum = {add} %acc, %xw : {elem}\n"
-           f"  linalg.yield %sum : {elem}\n}} -> {op.result.type}")
+           f"^bb0(%x: {in_elem}, %w: {k_elem}, %acc: {elem}):\n  " + "\n  ".join(body) + f"\n}} -> {op.result.type}")
     return [name]
 
 
@@ -247,20 +247,16 @@ def _widens(src: str, dst: str) -> bool:
     return src[0] == dst[0] == "i" and src[1:].isdigit() and dst[1:].isdigit() and int(src[1:]) < int(dst[1:])
 
 
-def _suffix(src: str, dst: str) -> str:
-    return "" if src == dst else "_wide"
-
-
-def _widened(value: str, src: str, dst: str) -> list[str]:
-    """The body line that widens a block argument `value` of type `src` to `dst` (named
-    value + `_suffix`), or none."""
+def _widened(value: str, src: str, dst: str) -> tuple[list[str], str]:
+    """A block argument `value` of type `src` as `dst`: the body line that widens it (none when
+    the types are the same) and the name to read."""
     if src == dst:
-        return []
-    return [f"{value}_wide = {'arith.extf' if _is_float(src) else 'arith.extsi'} {value} : {src} to {dst}"]
+        return [], value
+    return [f"{value}_wide = {'arith.extf' if _is_float(src) else 'arith.extsi'} {value} : {src} to {dst}"], f"{value}_wide"
 
 
 def _zero(t: Text, elem: str) -> str:
-    return t(f"arith.constant {'0.0' if _is_float(elem) else '0'} : {elem}")
+    return t.const("0.0" if _is_float(elem) else 0, elem)
 
 
 def _gemm(t: Text, op: ir.Operation, dn, padded: str, padded_type: str, out_dims: list[str], strides: list[int],

@@ -130,7 +130,7 @@ static int as_pointer(PyObject *o, void **out) {
 
 /* The memref descriptor of a C-contiguous array: allocated and aligned pointer, offset 0,
  * sizes, strides in elements. */
-static int64_t *put_descriptor(int64_t *w, void *data, int rank, const Py_ssize_t *shape) {
+static int64_t *put_descriptor(int64_t *w, const void *data, int rank, const Py_ssize_t *shape) {
   *w++ = (int64_t)(intptr_t)data;
   *w++ = (int64_t)(intptr_t)data;
   *w++ = 0;
@@ -145,23 +145,22 @@ static int64_t *put_descriptor(int64_t *w, void *data, int rank, const Py_ssize_
 
 /* The parameters' descriptors, once (0: failed, with the Python error set). */
 static int plan_params(plan *p, PyObject *params) {
-  Py_buffer *views = calloc((size_t)p->num_params + 1, sizeof(Py_buffer));
-  if (!views) return PyErr_NoMemory(), 0;
-  int got = 0;
-  for (; got < p->num_params; got++) {
-    if (PyObject_GetBuffer(PyList_GetItem(params, got), &views[got], PyBUF_STRIDES) != 0) break;
-    p->param_ranks[got] = views[got].ndim;
-    p->num_param_words += 3 + 2 * (size_t)views[got].ndim;
+  for (int i = 0; i < p->num_params; i++) {
+    const numpy_array *x = (const numpy_array *)PyList_GetItem(params, i);
+    if (!x || Py_TYPE((PyObject *)x) != (PyTypeObject *)p->ndarray || !(x->flags & NUMPY_C_CONTIGUOUS)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "parameters must be C-contiguous numpy arrays");
+      return 0;
+    }
+    p->param_ranks[i] = x->nd;
+    p->num_param_words += 3 + 2 * (size_t)x->nd;
   }
-  if (got == p->num_params && (p->param_words = malloc((p->num_param_words + 1) * sizeof(int64_t)))) {
-    int64_t *w = p->param_words;
-    for (int i = 0; i < p->num_params; i++) w = put_descriptor(w, views[i].buf, views[i].ndim, views[i].shape);
-  } else if (got == p->num_params) {
-    PyErr_NoMemory();
+  if (!(p->param_words = malloc((p->num_param_words + 1) * sizeof(int64_t)))) return PyErr_NoMemory(), 0;
+  int64_t *w = p->param_words;
+  for (int i = 0; i < p->num_params; i++) {
+    const numpy_array *x = (const numpy_array *)PyList_GetItem(params, i);
+    w = put_descriptor(w, x->data, x->nd, x->dimensions);
   }
-  for (int i = 0; i < got; i++) PyBuffer_Release(&views[i]);
-  free(views);
-  return !PyErr_Occurred();
+  return 1;
 }
 
 /* plan(runtime, rt, entry, guard, ndarray, args, num_vars, params, results): `args` a list of

@@ -42,8 +42,8 @@ typedef struct fft_plan {
   int64_t n;
   int num_factors;
   int64_t factors[MAX_FACTORS];
-  cplx *twiddles; /* per stage: (p - 1) * m of them, stage after stage */
-  cplx *half;     /* e^(-pi i k / n), k < n: the real transform of 2n points through this plan */
+  cplx *twiddles; /* per stage (stage_twiddles), stage after stage */
+  cplx *half;     /* e^(-pi i k / n), k < n: the real transform of 2n points through this plan (NULL until one asks) */
   /* Bluestein (when a factor is too large for the plain DFT) */
   struct fft_plan *conv; /* the plan of the convolution's length */
   cplx *chirp;           /* e^(-pi i j^2 / n), j < n */
@@ -76,6 +76,11 @@ static int64_t smooth_length(int64_t n) {
 
 static void transform(const fft_plan *plan, cplx *x, cplx *work);
 
+/* The twiddles of a stage of radix r over `len`-point subproblems: (r - 1) per subproblem
+ * position, then, for a radix without a butterfly of its own (a plain DFT), the r roots of r. */
+static int plain_dft(int64_t r) { return r != 2 && r != 3 && r != 4 && r != 5; }
+static int64_t stage_twiddles(int64_t r, int64_t len) { return (r - 1) * (len / r) + (plain_dft(r) ? r : 0); }
+
 static void plan_free(fft_plan *p) {
   if (!p) return;
   free(p->twiddles);
@@ -91,13 +96,8 @@ static fft_plan *plan_build(int64_t n) {
   if (!p) return NULL;
   p->n = n;
   p->num_factors = factorize(n, p->factors);
-  if (!(p->half = malloc(sizeof(cplx) * (size_t)(n > 0 ? n : 1)))) {
-    free(p);
-    return NULL;
-  }
-  for (int64_t k = 0; k < n; k++) p->half[k] = unit_root(k, 2 * n);
   int64_t largest = p->num_factors ? p->factors[p->num_factors - 1] : 1;
-  if (largest > MAX_DIRECT_PRIME && largest > 5) {
+  if (largest > MAX_DIRECT_PRIME) {
     int64_t m = smooth_length(2 * n - 1);
     p->num_factors = 0;
     p->conv = plan_build(m);
@@ -121,7 +121,7 @@ static fft_plan *plan_build(int64_t n) {
   }
   int64_t total = 0, len = n;
   for (int f = 0; f < p->num_factors; f++) {
-    total += (p->factors[f] - 1) * (len / p->factors[f]);
+    total += stage_twiddles(p->factors[f], len);
     len /= p->factors[f];
   }
   p->twiddles = malloc(sizeof(cplx) * (size_t)(total > 0 ? total : 1));
@@ -135,13 +135,15 @@ static fft_plan *plan_build(int64_t n) {
     int64_t r = p->factors[f], m = len / r;
     for (int64_t j = 0; j < m; j++)
       for (int64_t u = 1; u < r; u++) *w++ = unit_root(j * u, len);
+    for (int64_t k = 0; plain_dft(r) && k < r; k++) *w++ = unit_root(k, r);
     len = m;
   }
   return p;
 }
 
-/* The plan of length n, built at its first use (NULL: out of memory). */
-static const fft_plan *plan_for(int64_t n) {
+/* The plan of length n, built at its first use, with the twiddles of the real transform of 2n
+ * points when `real` (NULL: out of memory). */
+static const fft_plan *plan_for(int64_t n, int real) {
   pthread_mutex_lock(&plans_lock);
   fft_plan *p = plans;
   while (p && p->n != n) p = p->next;
@@ -149,8 +151,10 @@ static const fft_plan *plan_for(int64_t n) {
     p->next = plans;
     plans = p;
   }
+  if (p && real && !p->half && (p->half = malloc(sizeof(cplx) * (size_t)(n > 0 ? n : 1))))
+    for (int64_t k = 0; k < n; k++) p->half[k] = unit_root(k, 2 * n);
   pthread_mutex_unlock(&plans_lock);
-  return p;
+  return p && (!real || p->half) ? p : NULL;
 }
 
 /* One Stockham stage of radix r over `len`-point subproblems at stride s: x -> y. */
@@ -212,9 +216,8 @@ static void stage(int64_t r, int64_t len, int64_t s, const cplx *x, cplx *y, con
       }
     }
   } else {
-    /* a plain DFT of r points (other small primes), the roots from a table */
-    cplx roots[MAX_DIRECT_PRIME + 1];
-    for (int64_t k = 0; k < r; k++) roots[k] = unit_root(k, r);
+    /* a plain DFT of r points (other small primes), the roots after the stage's twiddles */
+    const cplx *roots = tw + (r - 1) * m;
     for (int64_t j = 0; j < m; j++) {
       const cplx *w = tw + (r - 1) * j;
       for (int64_t q = 0; q < s; q++) {
@@ -253,7 +256,7 @@ static void transform(const fft_plan *plan, cplx *x, cplx *work) {
   for (int f = 0; f < plan->num_factors; f++) {
     int64_t r = plan->factors[f];
     stage(r, len, s, from, to, tw);
-    tw += (r - 1) * (len / r);
+    tw += stage_twiddles(r, len);
     len /= r;
     s *= r;
     cplx *t = from;
@@ -261,6 +264,14 @@ static void transform(const fft_plan *plan, cplx *x, cplx *work) {
     to = t;
   }
   if (from != x) memcpy(x, from, sizeof(cplx) * (size_t)n);
+}
+
+/* x <- the inverse DFT of x (scaled by 1 / n), by conjugation: conj(DFT(conj(x))) / n. */
+static void inverse_transform(const fft_plan *plan, cplx *x, cplx *work) {
+  int64_t n = plan->n;
+  for (int64_t k = 0; k < n; k++) x[k].im = -x[k].im;
+  transform(plan, x, work);
+  for (int64_t k = 0; k < n; k++) x[k] = (cplx){x[k].re / (double)n, -x[k].im / (double)n};
 }
 
 /* The work buffer `transform` needs for a plan, in points. */
@@ -331,10 +342,9 @@ static void run_lines(void *data, int64_t lo, int64_t hi) {
       cplx *line = lines + c * n;
       for (int64_t k = loaded; k < n; k++) line[k] = (cplx){line[n - k].re, -line[n - k].im}; /* IRFFT: the Hermitian half */
       if (inverse)
-        for (int64_t k = 0; k < n; k++) line[k].im = -line[k].im;
-      transform(g->plan, line, work);
-      if (inverse)
-        for (int64_t k = 0; k < n; k++) line[k] = (cplx){line[k].re / (double)n, -line[k].im / (double)n};
+        inverse_transform(g->plan, line, work);
+      else
+        transform(g->plan, line, work);
     }
     for (int64_t k = 0; k < g->out_len; k++)
       for (int64_t c = 0; c < count; c++) store(g, g->out, out_base + k * g->inner + c, lines[c * n + k], real_out);
@@ -382,11 +392,10 @@ static void run_real_lines(void *data, int64_t lo, int64_t hi) {
         line[k] = (cplx){e.re - ok.im, e.im + ok.re};  /* E + i O */
         line[j] = (cplx){e.re - oj.im, -e.im + oj.re};
       }
-      for (int64_t k = 0; k < m; k++) line[k].im = -line[k].im; /* the inverse by conjugation */
-      transform(g->plan, line, work);
+      inverse_transform(g->plan, line, work);
       for (int64_t j = 0; j < m; j++) {
-        store(g, g->out, l * n + 2 * j, (cplx){line[j].re / (double)m, 0}, 1);
-        store(g, g->out, l * n + 2 * j + 1, (cplx){-line[j].im / (double)m, 0}, 1);
+        store(g, g->out, l * n + 2 * j, (cplx){line[j].re, 0}, 1);
+        store(g, g->out, l * n + 2 * j + 1, (cplx){line[j].im, 0}, 1);
       }
     }
   }
@@ -398,7 +407,7 @@ static void run_real_lines(void *data, int64_t lo, int64_t hi) {
 static void along_axis(int kind, int is_double, int64_t outer, int64_t len, int64_t inner, const void *in, void *out) {
   ral_context *ctx = current_context();
   int half = (kind == RFFT || kind == IRFFT) && len % 2 == 0 && len >= 2; /* lines along the last dim (inner is 1) */
-  const fft_plan *plan = plan_for(half ? len / 2 : len);
+  const fft_plan *plan = half ? plan_for(len / 2, 1) : plan_for(len, 0);
   if (!plan) {
     char message[96];
     snprintf(message, sizeof message, "fft: out of memory planning a transform of %lld points", (long long)len);
@@ -443,8 +452,7 @@ void disc_ral_fft(int64_t kind, int64_t is_double, int64_t batch, int64_t rank, 
     context_free(ctx, tmp);
     return;
   }
-  int first = kind == RFFT ? RFFT : (int)kind;
-  along_axis(first, (int)is_double, points / last, last, 1, in, out);
+  along_axis((int)kind, (int)is_double, points / last, last, 1, in, out);
   int64_t inner = kind == RFFT ? half : last;
   for (int axis = rank - 2; axis >= 0; axis--) {
     along_axis(kind == IFFT ? IFFT : FFT, (int)is_double, out_points / (inner * n[axis]), n[axis], inner, out, out);
