@@ -29,7 +29,7 @@ from .errors import ArtifactError
 
 MAGIC = b"DISCSHLO"
 FORMAT_VERSION = 1
-RAL_ABI_VERSION = 7  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
+RAL_ABI_VERSION = 8  # ral/ral.h's RAL_ABI_VERSION: the calls generated code makes into the RAL
 PREFIX = 64          # magic, versions, header size, file size, checksum
 ALIGN = 64
 _PREFIX = struct.Struct("<8sIIQQ32s")

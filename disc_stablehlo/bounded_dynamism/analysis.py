@@ -23,7 +23,7 @@ from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native mod
 from torch_mlir import ir
 
 from ..mlir_support import create_value, index_constant, int_list, location_text, operation, tag_facts
-from ..ops import ELEMENTWISE, TOP_K_ATTR, TOP_K_TARGET
+from ..ops import ELEMENTWISE, TOP_K_ATTR, TOP_K_TARGET, lapack_result_dims, lapack_routine
 from .signature import Signature
 from .symbolic import Dim
 
@@ -692,12 +692,14 @@ def _reduce_window(w: _Walker, op: ir.Operation):
 
 @_rule("stablehlo.custom_call")
 def _custom_call(w: _Walker, op: ir.Operation):
-    """JAX's stablehlo.dynamic_reduce_window (window parameters are operands) and our top_k
-    (the operand's dims, the last one k)."""
+    """JAX's stablehlo.dynamic_reduce_window (window parameters are operands), its LAPACK calls
+    (the dims the routine gives its results) and our top_k (the operand's dims, the last one k)."""
     target = ir.StringAttr(op.attributes["call_target_name"]).value
     if target == TOP_K_TARGET:
         out = w.of(op.operands[0])[:-1] + [Dim.const(ir.IntegerAttr(op.attributes[TOP_K_ATTR]).value)]
         return [out, out]
+    if (lapack := lapack_routine(target)) is not None:
+        return _lapack_call(w, op, *lapack)
     if target != "stablehlo.dynamic_reduce_window":
         return None
     n = len(op.results)
@@ -707,6 +709,27 @@ def _custom_call(w: _Walker, op: ir.Operation):
     dims = w.of(op.operands[0])
     out = [_windowed(d, pad[2 * i], pad[2 * i + 1], base[i], window[i], wdil[i], strides[i].constant) for i, d in enumerate(dims)]
     return [_keep_static(op, out)] * n
+
+
+def _lapack_call(w: _Walker, op: ir.Operation, routine: str, type_code: int):
+    from ..passes.lapack import lapack_characters
+
+    shape_operands = int_list(op, "indices_of_shape_operands")
+    data = [v for i, v in enumerate(op.operands) if i not in shape_operands]
+    a, b = w.of(data[0]), (w.of(data[1]) if len(data) > 1 else [])
+    if len(a) < 2:
+        return None
+    m, n = a[-2:]
+    k = m if m == n else Dim.const(min(m.constant, n.constant)) if m.constant is not None and n.constant is not None \
+        else Dim.var(f"lapack_k{next(w.fresh)}")
+
+    def given(i: int) -> list[Dim]:
+        content = w.content.get(op.operands[shape_operands[i]]) if i < len(shape_operands) else None
+        return content or w.from_type(op.results[i].type, "lapack#")
+    mode = lapack_characters(op, routine)[:1]
+    dims = lapack_result_dims(routine, type_code >= 2, mode, a, b, k, given)
+    return [[Dim.const(r.type.shape[j]) if not r.type.is_dynamic_dim(j) else d for j, d in enumerate(ds)]
+            for r, ds in zip(op.results, dims)]
 
 
 @_rule("stablehlo.convolution")

@@ -16,7 +16,7 @@ from ..ops import ELEMENTWISE
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = frozenset({"f32", "f64"})
-ELEMENT_BYTES = {"f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
+ELEMENT_BYTES = {"i32": 4, "f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 

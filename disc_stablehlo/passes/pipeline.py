@@ -19,7 +19,7 @@ from ..bounded_dynamism.guards import GUARD_FUNCTION, emit_contract_checks, extr
 from ..bounded_dynamism.signature import Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
-from . import control_flow, convolution, dynamic_ops, fft, library_calls, region_ops  # noqa: F401  (register their rewrites)
+from . import control_flow, convolution, dynamic_ops, fft, lapack, library_calls, region_ops  # noqa: F401  (register their rewrites)
 from .top_k import protect_top_k
 from .constants import fold_constant_converts
 from .buffers import check_allocation_sizes, free_after_last_use, plan_arena, reuse_equal_buffers

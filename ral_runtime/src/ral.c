@@ -330,6 +330,14 @@ ral_gpu *runtime_install_gpu(ral_runtime *rt, ral_gpu *gpu) {
   return atomic_compare_exchange_strong(&rt->gpu, &expected, gpu) ? gpu : expected;
 }
 
+void *runtime_blas_symbol(const ral_runtime *rt, const char *name) {
+  if (!rt->blas) return NULL;
+  char prefixed[64];
+  snprintf(prefixed, sizeof prefixed, "scipy_%s", name);
+  void *sym = dlsym(rt->blas, prefixed);
+  return sym ? sym : dlsym(rt->blas, name);
+}
+
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out) {
   *out = NULL;
   create_error[0] = 0;
@@ -350,14 +358,11 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
       free(rt);
       return RAL_ERR_UNAVAILABLE;
     }
-    rt->sgemm = (sgemm_fn)dlsym(rt->blas, "scipy_cblas_sgemm");
-    if (!rt->sgemm) rt->sgemm = (sgemm_fn)dlsym(rt->blas, "cblas_sgemm");
-    rt->dgemm = (dgemm_fn)dlsym(rt->blas, "scipy_cblas_dgemm");
-    if (!rt->dgemm) rt->dgemm = (dgemm_fn)dlsym(rt->blas, "cblas_dgemm");
+    rt->sgemm = (sgemm_fn)runtime_blas_symbol(rt, "cblas_sgemm");
+    rt->dgemm = (dgemm_fn)runtime_blas_symbol(rt, "cblas_dgemm");
     /* GEMMs are split over the RAL's own pool: a second pool of spinning BLAS threads would
      * fight it for the cores */
-    void (*set_threads)(int) = (void (*)(int))dlsym(rt->blas, "scipy_openblas_set_num_threads");
-    if (!set_threads) set_threads = (void (*)(int))dlsym(rt->blas, "openblas_set_num_threads");
+    void (*set_threads)(int) = (void (*)(int))runtime_blas_symbol(rt, "openblas_set_num_threads");
     if (set_threads) set_threads(1);
     /* MKL's single dynamic library picks its threading layer at the first call: the sequential one */
     int (*mkl_threading)(int) = (int (*)(int))dlsym(rt->blas, "MKL_Set_Threading_Layer");

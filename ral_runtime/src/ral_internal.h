@@ -42,6 +42,10 @@ RAL_INTERNAL void context_exit(ral_context *ctx);
 /* Sets the message ral_runtime_create_error returns on this thread. */
 RAL_INTERNAL void runtime_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* An entry of the BLAS the runtime loaded, by its Fortran or C name (scipy-openblas's prefixed
+ * one first); NULL without a BLAS or where it lacks the entry. */
+RAL_INTERNAL void *runtime_blas_symbol(const ral_runtime *rt, const char *name);
+
 /* One more reference to the runtime: ral_runtime_destroy frees it at the last one. */
 RAL_INTERNAL void runtime_retain(ral_runtime *rt);
 

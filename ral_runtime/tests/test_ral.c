@@ -541,6 +541,83 @@ static void test_fft(ral_runtime *rt) {
   ral_context_destroy(ctx);
 }
 
+/* LAPACK through the BLAS: LU of a batch split over the pool (P L U = A), an SVD (U S Vt = A), a
+ * rotation's complex eigenpair (real LAPACK packs it in two columns), the symmetric
+ * eigendecomposition, a triangular solve and Cholesky's info > 0; without a BLAS, a clear failure. */
+static void test_lapack(ral_runtime *rt, int have_blas) {
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  ral_context *prev = ral_context_enter(ctx);
+  enum { BATCH = 300, N = 12 };
+  double *a = malloc(sizeof(double) * BATCH * N * N), *lu = malloc(sizeof(double) * BATCH * N * N);
+  int32_t *piv = malloc(sizeof(int32_t) * BATCH * N), info[BATCH];
+  for (int i = 0; i < BATCH * N * N; i++) a[i] = (double)((i * 37 + 11) % 29) / 7.0 - 2;
+  disc_ral_lapack(DISC_LAPACK_GETRF, DISC_LAPACK_F64, 0, BATCH, N, N, 0, 0, a, NULL, lu, piv, info, NULL, NULL);
+  if (!have_blas) {
+    CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE && strstr(ral_context_message(ctx), "dgetrf_ is not in the BLAS"));
+  } else {
+    CHECK(ral_context_status(ctx) == RAL_OK);
+    double worst = 0;
+    for (int b = 0; b < BATCH; b++) {
+      const double *f = lu + b * N * N;
+      double row[N][N]; /* L U, its rows then swapped back in reverse pivot order */
+      for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+          double v = 0;
+          for (int k = 0; k <= (i < j ? i : j); k++) v += (k == i ? 1 : f[i * N + k]) * f[k * N + j];
+          row[i][j] = v;
+        }
+      for (int i = N - 1; i >= 0; i--) {
+        int p = piv[b * N + i] - 1;
+        for (int j = 0; j < N; j++) {
+          double t = row[i][j];
+          row[i][j] = row[p][j], row[p][j] = t;
+        }
+      }
+      for (int i = 0; i < N * N; i++) worst = fmax(worst, fabs(row[i / N][i % N] - a[b * N * N + i]));
+      CHECK(info[b] >= 0);
+    }
+    CHECK(worst < 1e-10);
+    /* SVD of 5 x 3, thin: u 5 x 3, vt 3 x 3 */
+    double m[15], over[15], s[3], u[15], vt[9];
+    for (int i = 0; i < 15; i++) m[i] = (double)((i * 5 + 3) % 7) - 3;
+    disc_ral_lapack(DISC_LAPACK_GESDD, DISC_LAPACK_F64, 'S', 1, 5, 3, 3, 3, m, NULL, over, s, u, vt, info);
+    CHECK(ral_context_status(ctx) == RAL_OK && info[0] == 0 && s[0] >= s[1] && s[1] >= s[2]);
+    double err = 0;
+    for (int i = 0; i < 5; i++)
+      for (int j = 0; j < 3; j++) {
+        double v = 0;
+        for (int k = 0; k < 3; k++) v += u[i * 3 + k] * s[k] * vt[k * 3 + j];
+        err = fmax(err, fabs(v - m[i * 3 + j]));
+      }
+    CHECK(err < 1e-12);
+    /* the rotation [[0, -1], [1, 0]]: eigenvalues +-i, right vectors complex (float) */
+    float rot[4] = {0, -1, 1, 0}, wr[2], wi[2], vl[8], vr[8];
+    disc_ral_lapack(DISC_LAPACK_GEEV, DISC_LAPACK_F32, 'N' | 'V' << 8, 1, 2, 2, 0, 0, rot, NULL, wr, wi, vl, vr, info);
+    CHECK(ral_context_status(ctx) == RAL_OK && info[0] == 0 && fabsf(wi[0] + wi[1]) < 1e-6f && fabsf(fabsf(wi[0]) - 1) < 1e-6f);
+    for (int j = 0; j < 2; j++) /* rot v = w v, v column j of the row-major complex matrix */
+      for (int i = 0; i < 2; i++) {
+        float re = 0, im = 0;
+        for (int k = 0; k < 2; k++) re += rot[i * 2 + k] * vr[2 * (k * 2 + j)], im += rot[i * 2 + k] * vr[2 * (k * 2 + j) + 1];
+        float vre = vr[2 * (i * 2 + j)], vim = vr[2 * (i * 2 + j) + 1];
+        CHECK(fabsf(re - (wr[j] * vre - wi[j] * vim)) < 1e-5f && fabsf(im - (wr[j] * vim + wi[j] * vre)) < 1e-5f);
+      }
+    CHECK(vl[0] == 0 && vl[7] == 0); /* left vectors not asked: zeros */
+    /* symmetric [[2, 1], [1, 2]]: values 1, 3; then a lower triangular solve and Cholesky of -I */
+    double sym[4] = {2, 1, 1, 2}, vec[4], w[2], low[4] = {2, 0, 1, 4}, rhs[2] = {2, 9}, x[2], neg[4] = {-1, 0, 0, -1}, chol[4];
+    disc_ral_lapack(DISC_LAPACK_SYEVD, DISC_LAPACK_F64, 'V' | 'L' << 8, 1, 2, 2, 0, 0, sym, NULL, vec, w, info, NULL, NULL);
+    CHECK(fabs(w[0] - 1) < 1e-12 && fabs(w[1] - 3) < 1e-12 && fabs(fabs(vec[1]) - sqrt(0.5)) < 1e-12);
+    disc_ral_lapack(DISC_LAPACK_TRSM, DISC_LAPACK_F64, 'L' | 'L' << 8 | 'N' << 16 | 'N' << 24, 1, 2, 1, 0, 0, low, rhs, x, NULL, NULL,
+                    NULL, NULL);
+    CHECK(fabs(x[0] - 1) < 1e-12 && fabs(x[1] - 2) < 1e-12);
+    disc_ral_lapack(DISC_LAPACK_POTRF, DISC_LAPACK_F64, 'L', 1, 2, 2, 0, 0, neg, NULL, chol, info, NULL, NULL, NULL);
+    CHECK(ral_context_status(ctx) == RAL_OK && info[0] == 1);
+  }
+  free(a), free(lu), free(piv);
+  ral_context_enter(prev);
+  ral_context_destroy(ctx);
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
@@ -717,6 +794,7 @@ int main(int argc, char **argv) {
   test_failures_inside_loops(rt);
   test_fft(rt);
   test_gemm(rt, blas != NULL);
+  test_lapack(rt, blas != NULL);
   test_conv(rt, blas != NULL);
   test_small_gemm_kernel();
   ral_runtime_destroy(rt);

@@ -32,7 +32,7 @@ typedef enum {
 
 /* Version of this C ABI (the entry points below and their behaviour). A compiled object records
  * the version it was linked against; a runtime refuses objects of another version. */
-#define RAL_ABI_VERSION 7
+#define RAL_ABI_VERSION 8
 /* RAL_ABI_VERSION of the library actually loaded (which may differ from the header's). */
 int ral_abi_version(void);
 
@@ -128,6 +128,28 @@ void disc_ral_check_shape(int64_t failed, const char *what, int64_t a, int64_t b
  * transform's lengths (unused ones ignored). Any lengths; computed in double precision. */
 void disc_ral_fft(int64_t kind, int64_t is_double, int64_t batch, int64_t rank, int64_t n0, int64_t n1, int64_t n2,
                   const void *in, void *out);
+
+/* LAPACK (and BLAS trsm) on a batch of `batch` row-major matrices, through the BLAS the runtime
+ * loaded: `type` a DISC_LAPACK_F32..C128, `flags` the routine's character arguments (byte i the
+ * i-th). Per matrix (m x n unless said; k = min(m, n); vectors of the real type for s and w):
+ *   GETRF  a -> r0 LU factors, r1 pivots (k, int32, 1-based), r2 info (int32)
+ *   POTRF  a (n x n) -> r0 factor (the other triangle a's), r1 info; flags: uplo
+ *   GEQRF  a -> r0 Householder form, r1 tau (k)
+ *   ORGQR  a, b tau (p) -> r0 Q (m x n, m >= n >= p)
+ *   TRSM   a (m x m, side 'L'; n x n, 'R'), b -> r0 the solution; flags: side, uplo, trans, diag
+ *   SYEVD  a (n x n) -> r0 vectors, r1 values (n), r2 info; flags: jobz, uplo
+ *   GESDD, GESVD  a -> r0 a as overwritten, r1 s (k), r2 u (m x p), r3 vt (q x n), r4 info;
+ *          flags: mode 'A' (p = m, q = n), 'S' (p = q = k) or 'N' (no vectors: u, vt zeros)
+ *   GEEV   a (n x n) -> real types: r0, r1 values' real and imaginary parts (n), r2 left and r3
+ *          right vectors (complex, n x n), r4 info; complex: r0 values, r1, r2 vectors, r3
+ *          info; flags: left, right ('V' computed, 'N' zeros)
+ * info > 0 (singular, not positive definite, no convergence) is a result; a size past 32-bit
+ * integers or a routine the BLAS lacks fails the call. */
+enum { DISC_LAPACK_GETRF, DISC_LAPACK_POTRF, DISC_LAPACK_GEQRF, DISC_LAPACK_ORGQR, DISC_LAPACK_TRSM, DISC_LAPACK_SYEVD,
+       DISC_LAPACK_GESDD, DISC_LAPACK_GESVD, DISC_LAPACK_GEEV };
+enum { DISC_LAPACK_F32, DISC_LAPACK_F64, DISC_LAPACK_C64, DISC_LAPACK_C128 };
+void disc_ral_lapack(int64_t routine, int64_t type, int64_t flags, int64_t batch, int64_t m, int64_t n, int64_t p, int64_t q,
+                     const void *a, const void *b, void *r0, void *r1, void *r2, void *r3, void *r4);
 
 /* Runs body(data, lo, hi) over [0, n) on the current context's thread pool; runs inline when
  * `work` (an estimate of the loop's scalar iterations) is too small to pay for the threads. */

@@ -1,0 +1,364 @@
+/* Dense linear algebra for the LAPACK custom calls JAX emits on the CPU (LU, Cholesky, QR and its
+ * Q, symmetric / Hermitian eigendecomposition, SVD, general eigendecomposition, triangular
+ * solves), through the LAPACK of the BLAS the runtime loaded (MKL's or OpenBLAS's: Fortran
+ * entries with 32-bit integers, looked up by name at the call).
+ *
+ * The generated code passes row-major matrices (the logical layout); LAPACK reads column-major
+ * ones, so each matrix is transposed into scratch memory of its chunk, computed on there, and its
+ * results transposed back. The matrices of a batch are split over the RAL's thread pool. A LAPACK
+ * argument error (info < 0) fails the call; a numerical one (info > 0: singular, not positive
+ * definite, no convergence) is the routine's `info` result, as in JAX. */
+#include "ral/ral.h"
+#include "ral_internal.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef int lapack_int;
+
+typedef struct {
+  int routine, type;
+  char c[4]; /* the routine's character arguments, from `flags` */
+  int64_t m, n, p, q;
+  const char *a, *b; /* inputs, row-major */
+  char *r[5];        /* results */
+  void *fn;          /* the LAPACK / BLAS entry */
+  char name[16];
+} lapack_job;
+
+static size_t elem_size(int type) { return (size_t)4 << (type == DISC_LAPACK_C128 ? 2 : type == DISC_LAPACK_F32 ? 0 : 1); }
+static size_t real_size(int type) { return type == DISC_LAPACK_F64 || type == DISC_LAPACK_C128 ? 8 : 4; }
+static int is_complex(int type) { return type == DISC_LAPACK_C64 || type == DISC_LAPACK_C128; }
+static lapack_int ld(int64_t rows) { return rows > 1 ? (lapack_int)rows : 1; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* dst (cols x rows, row-major: src's column-major form) from src (rows x cols, row-major); also
+ * back, with rows and cols swapped. */
+static void transpose(char *dst, const char *src, int64_t rows, int64_t cols, size_t elem) {
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) memcpy(dst + (size_t)(j * rows + i) * elem, src + (size_t)(i * cols + j) * elem, elem);
+}
+
+static void lapack_fail(const lapack_job *g, ral_status status, const char *what, int64_t value) {
+  char message[200];
+  snprintf(message, sizeof message, "lapack: %s %s%lld", g->name, what, (long long)value);
+  ral_context *ctx = current_context();
+  ral_context_fail(ctx, status, message);
+  context_exit(ctx);
+}
+
+static void check_info(const lapack_job *g, lapack_int info) {
+  if (info < 0) lapack_fail(g, RAL_ERR_INTERNAL, "rejected its argument number ", -info);
+}
+
+/* A workspace size from a LAPACK query (its first element, a real or complex number). */
+static lapack_int query_size(const void *work, int type) {
+  double v = real_size(type) == 8 ? *(const double *)work : *(const float *)work;
+  return v < 1 ? 1 : (lapack_int)v;
+}
+
+/* The chunk's scratch memory, zeroed: `count` parts of `bytes[i]` each, 64-byte aligned. */
+static char *scratch(const size_t *bytes, char **parts, int count) {
+  size_t total = 0;
+  for (int i = 0; i < count; i++) total += (bytes[i] + 63) & ~(size_t)63;
+  char *block = ral_alloc(current_context(), total);
+  if (!block) return NULL;
+  memset(block, 0, total);
+  for (size_t i = 0, off = 0; i < (size_t)count; off += (bytes[i] + 63) & ~(size_t)63, i++) parts[i] = block + off;
+  return block;
+}
+
+typedef void (*getrf_fn)(lapack_int *, lapack_int *, void *, lapack_int *, lapack_int *, lapack_int *);
+typedef void (*potrf_fn)(const char *, lapack_int *, void *, lapack_int *, lapack_int *, size_t);
+typedef void (*geqrf_fn)(lapack_int *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *, lapack_int *);
+typedef void (*orgqr_fn)(lapack_int *, lapack_int *, lapack_int *, void *, lapack_int *, const void *, void *, lapack_int *,
+                         lapack_int *);
+typedef void (*trsm_fn)(const char *, const char *, const char *, const char *, lapack_int *, lapack_int *, const void *,
+                        const void *, lapack_int *, void *, lapack_int *, size_t, size_t, size_t, size_t);
+typedef void (*syevd_fn)(const char *, const char *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *,
+                         lapack_int *, lapack_int *, lapack_int *, size_t, size_t);
+typedef void (*heevd_fn)(const char *, const char *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *, void *,
+                         lapack_int *, lapack_int *, lapack_int *, lapack_int *, size_t, size_t);
+typedef void (*gesdd_fn)(const char *, lapack_int *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *, void *,
+                         lapack_int *, void *, lapack_int *, lapack_int *, lapack_int *, size_t);
+typedef void (*cgesdd_fn)(const char *, lapack_int *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *,
+                          void *, lapack_int *, void *, lapack_int *, void *, lapack_int *, lapack_int *, size_t);
+typedef void (*gesvd_fn)(const char *, const char *, lapack_int *, lapack_int *, void *, lapack_int *, void *, void *,
+                         lapack_int *, void *, lapack_int *, void *, lapack_int *, lapack_int *, size_t, size_t);
+typedef void (*cgesvd_fn)(const char *, const char *, lapack_int *, lapack_int *, void *, lapack_int *, void *, void *,
+                          lapack_int *, void *, lapack_int *, void *, lapack_int *, void *, lapack_int *, size_t, size_t);
+typedef void (*geev_fn)(const char *, const char *, lapack_int *, void *, lapack_int *, void *, void *, void *, lapack_int *,
+                        void *, lapack_int *, void *, lapack_int *, lapack_int *, size_t, size_t);
+typedef void (*cgeev_fn)(const char *, const char *, lapack_int *, void *, lapack_int *, void *, void *, lapack_int *, void *,
+                         lapack_int *, void *, lapack_int *, void *, lapack_int *, size_t, size_t);
+
+/* LU, Cholesky, QR, Q from QR, triangular solves: one matrix each in and out (and vectors). */
+static void run_factor(const lapack_job *g, int64_t lo, int64_t hi) {
+  size_t e = elem_size(g->type);
+  lapack_int m = (lapack_int)g->m, n = (lapack_int)g->n, k = (lapack_int)g->p, lda = ld(g->m), info = 0, lwork = 0;
+  int64_t mn = g->m * g->n, kk = min64(g->m, g->n);
+  char query[16] = {0};
+  if (g->routine == DISC_LAPACK_GEQRF || g->routine == DISC_LAPACK_ORGQR) {
+    lwork = -1;
+    if (g->routine == DISC_LAPACK_GEQRF)
+      ((geqrf_fn)g->fn)(&m, &n, NULL, &lda, NULL, query, &lwork, &info);
+    else
+      ((orgqr_fn)g->fn)(&m, &n, &k, NULL, &lda, NULL, query, &lwork, &info);
+    check_info(g, info);
+    lwork = query_size(query, g->type);
+  }
+  int64_t order = g->routine == DISC_LAPACK_TRSM ? (g->c[0] == 'L' ? g->m : g->n) : 0; /* a's, for trsm */
+  size_t bytes[3] = {(size_t)mn * e, (size_t)lwork * e, (size_t)(order * order) * e};
+  char *part[3];
+  char *block = scratch(bytes, part, 3);
+  if (!block) return;
+  const char *in = g->routine == DISC_LAPACK_TRSM ? g->b : g->a;
+  for (int64_t i = lo; i < hi; i++) {
+    char *x = part[0];
+    transpose(x, in + (size_t)(i * mn) * e, g->m, g->n, e);
+    info = 0;
+    switch (g->routine) {
+    case DISC_LAPACK_GETRF:
+      ((getrf_fn)g->fn)(&m, &n, x, &lda, (lapack_int *)g->r[1] + i * kk, &info);
+      ((lapack_int *)g->r[2])[i] = info > 0 ? info : 0;
+      break;
+    case DISC_LAPACK_POTRF:
+      ((potrf_fn)g->fn)(&g->c[0], &n, x, &lda, &info, 1);
+      ((lapack_int *)g->r[1])[i] = info > 0 ? info : 0;
+      break;
+    case DISC_LAPACK_GEQRF:
+      ((geqrf_fn)g->fn)(&m, &n, x, &lda, g->r[1] + (size_t)(i * kk) * e, part[1], &lwork, &info);
+      break;
+    case DISC_LAPACK_ORGQR:
+      ((orgqr_fn)g->fn)(&m, &n, &k, x, &lda, g->b + (size_t)(i * k) * e, part[1], &lwork, &info);
+      break;
+    default: { /* trsm: alpha 1 */
+      static const double one_d[2] = {1, 0};
+      static const float one_f[2] = {1, 0};
+      lapack_int lds = ld(order);
+      transpose(part[2], g->a + (size_t)(i * order * order) * e, order, order, e);
+      ((trsm_fn)g->fn)(&g->c[0], &g->c[1], &g->c[2], &g->c[3], &m, &n, real_size(g->type) == 8 ? (const void *)one_d : one_f,
+                       part[2], &lds, x, &lda, 1, 1, 1, 1);
+    }
+    }
+    check_info(g, info);
+    transpose(g->r[0] + (size_t)(i * mn) * e, x, g->n, g->m, e);
+  }
+  context_free(current_context(), block);
+}
+
+/* Symmetric / Hermitian eigendecomposition (divide and conquer): vectors, values, info. */
+static void run_eigh(const lapack_job *g, int64_t lo, int64_t hi) {
+  size_t e = elem_size(g->type), re = real_size(g->type);
+  lapack_int n = (lapack_int)g->n, lda = ld(g->n), info = 0, lwork = -1, lrwork = -1, liwork = -1, iquery = 0;
+  char query[16] = {0}, rquery[16] = {0};
+  if (is_complex(g->type))
+    ((heevd_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, query, &lwork, rquery, &lrwork, &iquery, &liwork, &info, 1, 1);
+  else
+    ((syevd_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, query, &lwork, &iquery, &liwork, &info, 1, 1);
+  check_info(g, info);
+  lwork = query_size(query, g->type);
+  lrwork = is_complex(g->type) ? query_size(rquery, g->type) : 0;
+  liwork = iquery > 1 ? iquery : 1;
+  int64_t nn = g->n * g->n;
+  size_t bytes[4] = {(size_t)nn * e, (size_t)lwork * e, (size_t)lrwork * re, (size_t)liwork * sizeof(lapack_int)};
+  char *part[4];
+  char *block = scratch(bytes, part, 4);
+  if (!block) return;
+  for (int64_t i = lo; i < hi; i++) {
+    transpose(part[0], g->a + (size_t)(i * nn) * e, g->n, g->n, e);
+    char *w = g->r[1] + (size_t)(i * g->n) * re;
+    info = 0;
+    if (is_complex(g->type))
+      ((heevd_fn)g->fn)(&g->c[0], &g->c[1], &n, part[0], &lda, w, part[1], &lwork, part[2], &lrwork, (lapack_int *)part[3],
+                        &liwork, &info, 1, 1);
+    else
+      ((syevd_fn)g->fn)(&g->c[0], &g->c[1], &n, part[0], &lda, w, part[1], &lwork, (lapack_int *)part[3], &liwork, &info, 1, 1);
+    check_info(g, info);
+    transpose(g->r[0] + (size_t)(i * nn) * e, part[0], g->n, g->n, e);
+    ((lapack_int *)g->r[2])[i] = info;
+  }
+  context_free(current_context(), block);
+}
+
+/* SVD (gesdd: divide and conquer, gesvd: QR iteration), mode c[0] 'A' (u m x m, vt n x n), 'S'
+ * (u m x k, vt k x n) or 'N' (no vectors: u m x p and vt q x n stay zero): the overwritten
+ * matrix, singular values, u, vt, info. */
+static void run_svd(const lapack_job *g, int64_t lo, int64_t hi) {
+  size_t e = elem_size(g->type), re = real_size(g->type);
+  int vectors = g->c[0] != 'N', sdd = g->routine == DISC_LAPACK_GESDD, cplx = is_complex(g->type);
+  int64_t k = min64(g->m, g->n), big = g->m > g->n ? g->m : g->n, mn = g->m * g->n;
+  int64_t ucols = vectors ? g->p : 0, vrows = vectors ? g->q : 0;
+  lapack_int m = (lapack_int)g->m, n = (lapack_int)g->n, lda = ld(g->m), ldu = ld(vectors ? g->m : 1), ldvt = ld(vrows);
+  lapack_int info = 0, lwork = -1;
+  char query[16] = {0};
+  int64_t lrwork = !cplx ? 0 : !sdd ? 5 * k : vectors ? k * (5 * k + 7 > 2 * big + 2 * k + 1 ? 5 * k + 7 : 2 * big + 2 * k + 1) : 7 * k;
+  size_t bytes[6] = {(size_t)mn * e, (size_t)(g->m * ucols) * e, (size_t)(vrows * g->n) * e, 0, (size_t)(lrwork > 0 ? lrwork : 1) * re,
+                     (size_t)(8 * k) * sizeof(lapack_int)};
+  char *part[6];
+  /* the query needs the rwork / iwork pointers of some calls: take the scratch first, the work part after */
+  char *block = scratch(bytes, part, 6);
+  if (!block) return;
+  if (sdd && cplx)
+    ((cgesdd_fn)g->fn)(&g->c[0], &m, &n, NULL, &lda, NULL, NULL, &ldu, NULL, &ldvt, query, &lwork, part[4], (lapack_int *)part[5],
+                       &info, 1);
+  else if (sdd)
+    ((gesdd_fn)g->fn)(&g->c[0], &m, &n, NULL, &lda, NULL, NULL, &ldu, NULL, &ldvt, query, &lwork, (lapack_int *)part[5], &info, 1);
+  else if (cplx)
+    ((cgesvd_fn)g->fn)(&g->c[0], &g->c[0], &m, &n, NULL, &lda, NULL, NULL, &ldu, NULL, &ldvt, query, &lwork, part[4], &info, 1, 1);
+  else
+    ((gesvd_fn)g->fn)(&g->c[0], &g->c[0], &m, &n, NULL, &lda, NULL, NULL, &ldu, NULL, &ldvt, query, &lwork, &info, 1, 1);
+  check_info(g, info);
+  lwork = query_size(query, g->type);
+  char *work = ral_alloc(current_context(), (size_t)lwork * e);
+  if (!work) return;
+  for (int64_t i = lo; i < hi; i++) {
+    transpose(part[0], g->a + (size_t)(i * mn) * e, g->m, g->n, e);
+    char *s = g->r[1] + (size_t)(i * k) * re;
+    info = 0;
+    if (sdd && cplx)
+      ((cgesdd_fn)g->fn)(&g->c[0], &m, &n, part[0], &lda, s, part[1], &ldu, part[2], &ldvt, work, &lwork, part[4],
+                         (lapack_int *)part[5], &info, 1);
+    else if (sdd)
+      ((gesdd_fn)g->fn)(&g->c[0], &m, &n, part[0], &lda, s, part[1], &ldu, part[2], &ldvt, work, &lwork, (lapack_int *)part[5],
+                        &info, 1);
+    else if (cplx)
+      ((cgesvd_fn)g->fn)(&g->c[0], &g->c[0], &m, &n, part[0], &lda, s, part[1], &ldu, part[2], &ldvt, work, &lwork, part[4],
+                         &info, 1, 1);
+    else
+      ((gesvd_fn)g->fn)(&g->c[0], &g->c[0], &m, &n, part[0], &lda, s, part[1], &ldu, part[2], &ldvt, work, &lwork, &info, 1, 1);
+    check_info(g, info);
+    transpose(g->r[0] + (size_t)(i * mn) * e, part[0], g->n, g->m, e);
+    if (vectors) {
+      transpose(g->r[2] + (size_t)(i * g->m * ucols) * e, part[1], ucols, g->m, e);
+      transpose(g->r[3] + (size_t)(i * vrows * g->n) * e, part[2], g->n, vrows, e);
+    } else {
+      memset(g->r[2] + (size_t)(i * g->m * g->p) * e, 0, (size_t)(g->m * g->p) * e);
+      memset(g->r[3] + (size_t)(i * g->q * g->n) * e, 0, (size_t)(g->q * g->n) * e);
+    }
+    ((lapack_int *)g->r[4])[i] = info;
+  }
+  context_free(current_context(), work);
+  context_free(current_context(), block);
+}
+
+/* Real eigenvectors as LAPACK packs them (a complex pair's real and imaginary parts in two
+ * columns) into complex ones, row-major. */
+static void unpack_vectors(char *out, const char *v, const char *wi, int64_t n, size_t re) {
+  for (int64_t j = 0; j < n; j++) {
+    double im_j = re == 8 ? ((const double *)wi)[j] : ((const float *)wi)[j];
+    int pair = im_j != 0 && j + 1 < n;
+    for (int64_t r = 0; r < n; r++) {
+      char *o = out + (size_t)(r * n + j) * 2 * re;
+      memcpy(o, v + (size_t)(j * n + r) * re, re);
+      if (pair) {
+        memcpy(o + re, v + (size_t)((j + 1) * n + r) * re, re);
+        char *o2 = out + (size_t)(r * n + j + 1) * 2 * re;
+        memcpy(o2, o, 2 * re);
+        if (re == 8)
+          ((double *)o2)[1] = -((double *)o2)[1];
+        else
+          ((float *)o2)[1] = -((float *)o2)[1];
+      } else {
+        memset(o + re, 0, re);
+      }
+    }
+    j += pair;
+  }
+}
+
+/* General eigendecomposition: eigenvalues (real: real and imaginary parts), left and right
+ * eigenvectors (c[0], c[1]: 'V' computed, 'N' zero), info. */
+static void run_eig(const lapack_job *g, int64_t lo, int64_t hi) {
+  size_t e = elem_size(g->type), re = real_size(g->type), ce = 2 * re;
+  int cplx = is_complex(g->type), left = g->c[0] == 'V', right = g->c[1] == 'V';
+  lapack_int n = (lapack_int)g->n, lda = ld(g->n), ldvl = ld(left ? g->n : 1), ldvr = ld(right ? g->n : 1), info = 0, lwork = -1;
+  int64_t nn = g->n * g->n;
+  char query[16] = {0};
+  size_t bytes[4] = {(size_t)nn * e, (size_t)(left ? nn : 1) * e, (size_t)(right ? nn : 1) * e, (size_t)(2 * g->n + 1) * re};
+  char *part[4];
+  char *block = scratch(bytes, part, 4);
+  if (!block) return;
+  if (cplx)
+    ((cgeev_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, NULL, &ldvl, NULL, &ldvr, query, &lwork, part[3], &info, 1, 1);
+  else
+    ((geev_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, NULL, NULL, &ldvl, NULL, &ldvr, query, &lwork, &info, 1, 1);
+  check_info(g, info);
+  lwork = query_size(query, g->type);
+  char *work = ral_alloc(current_context(), (size_t)lwork * e);
+  if (!work) return;
+  char *const *vectors = g->r + (cplx ? 1 : 2);
+  for (int64_t i = lo; i < hi; i++) {
+    transpose(part[0], g->a + (size_t)(i * nn) * e, g->n, g->n, e);
+    info = 0;
+    if (cplx) {
+      ((cgeev_fn)g->fn)(&g->c[0], &g->c[1], &n, part[0], &lda, g->r[0] + (size_t)(i * g->n) * ce, part[1], &ldvl, part[2], &ldvr,
+                        work, &lwork, part[3], &info, 1, 1);
+    } else {
+      ((geev_fn)g->fn)(&g->c[0], &g->c[1], &n, part[0], &lda, g->r[0] + (size_t)(i * g->n) * re,
+                       g->r[1] + (size_t)(i * g->n) * re, part[1], &ldvl, part[2], &ldvr, work, &lwork, &info, 1, 1);
+    }
+    check_info(g, info);
+    for (int side = 0; side < 2; side++) {
+      char *out = vectors[side] + (size_t)(i * nn) * ce;
+      if (!(side ? right : left))
+        memset(out, 0, (size_t)nn * ce);
+      else if (cplx)
+        transpose(out, part[1 + side], g->n, g->n, ce);
+      else
+        unpack_vectors(out, part[1 + side], g->r[1] + (size_t)(i * g->n) * re, g->n, re);
+    }
+    ((lapack_int *)vectors[2])[i] = info;
+  }
+  context_free(current_context(), work);
+  context_free(current_context(), block);
+}
+
+static void lapack_chunk(void *data, int64_t lo, int64_t hi) {
+  const lapack_job *g = data;
+  switch (g->routine) {
+  case DISC_LAPACK_SYEVD:
+    run_eigh(g, lo, hi);
+    break;
+  case DISC_LAPACK_GESDD:
+  case DISC_LAPACK_GESVD:
+    run_svd(g, lo, hi);
+    break;
+  case DISC_LAPACK_GEEV:
+    run_eig(g, lo, hi);
+    break;
+  default:
+    run_factor(g, lo, hi);
+  }
+}
+
+void disc_ral_lapack(int64_t routine, int64_t type, int64_t flags, int64_t batch, int64_t m, int64_t n, int64_t p, int64_t q,
+                     const void *a, const void *b, void *r0, void *r1, void *r2, void *r3, void *r4) {
+  static const char *const names[][2] = {{"getrf", "getrf"}, {"potrf", "potrf"}, {"geqrf", "geqrf"}, {"orgqr", "ungqr"},
+                                         {"trsm", "trsm"},   {"syevd", "heevd"}, {"gesdd", "gesdd"}, {"gesvd", "gesvd"},
+                                         {"geev", "geev"}};
+  lapack_job g = {.routine = (int)routine, .type = (int)type, .m = m, .n = n, .p = p, .q = q, .a = a, .b = b,
+                  .r = {r0, r1, r2, r3, r4}};
+  ral_context *ctx = current_context();
+  if (routine < 0 || routine > DISC_LAPACK_GEEV || type < 0 || type > DISC_LAPACK_C128) {
+    ral_context_fail(ctx, RAL_ERR_INVALID_ARGUMENT, "lapack: unknown routine or type");
+    context_exit(ctx);
+    return;
+  }
+  snprintf(g.name, sizeof g.name, "%c%s_", "sdcz"[type], names[routine][is_complex((int)type)]);
+  for (int i = 0; i < 4; i++) g.c[i] = (char)((flags >> (8 * i)) & 0xff);
+  const int64_t dims[] = {batch, m, n, p, q};
+  for (int i = 0; i < 5; i++)
+    if (dims[i] < 0 || dims[i] > INT32_MAX) {
+      lapack_fail(&g, RAL_ERR_INVALID_ARGUMENT, "cannot take a size past 32-bit integers: ", dims[i]);
+      return;
+    }
+  if (batch == 0) return;
+  if (!(g.fn = runtime_blas_symbol(ctx->rt, g.name))) {
+    lapack_fail(&g, RAL_ERR_UNAVAILABLE, "is not in the BLAS the runtime loaded (DISC_BLAS), routine ", routine);
+    return;
+  }
+  double work = (double)batch * (double)m * (double)n * (double)(m > n ? m : n);
+  disc_ral_parallel_for(lapack_chunk, &g, batch, work > 1e18 ? (int64_t)1e18 : (int64_t)work);
+}
