@@ -272,7 +272,8 @@ def _constant(w: _Walker, op: ir.Operation):
         w.content[op.result] = [Dim.const(ir.IntegerAttr(op.attributes["value"]).value)]
         return None
     if (not isinstance(t, ir.RankedTensorType) or t.rank > 2 or not t.has_static_shape or math.prod(t.shape) > 16
-            or not isinstance(t.element_type, (ir.IntegerType, ir.F32Type, ir.F64Type))):
+            or not isinstance(t.element_type, (ir.IntegerType, ir.F32Type, ir.F64Type))
+            or isinstance(t.element_type, ir.IntegerType) and ir.IntegerType(t.element_type).width in (2, 4)):  # unreadable here
         return None
     n, attr = math.prod(t.shape), op.attributes["value"]
     if isinstance(attr, ir.DenseIntElementsAttr):  # contents are kept flat, row-major

@@ -34,6 +34,12 @@ ELEMENT_TYPES: dict[str, np.dtype] = {
     "ui64": np.dtype(np.uint64),
     "complex<f32>": np.dtype(np.complex64),
     "complex<f64>": np.dtype(np.complex128),
+    # sub-byte integers: a byte each, the value's bits in its low bits (ml_dtypes' layout, and
+    # LLVM's for a store of such an integer)
+    "i2": np.dtype(ml_dtypes.int2),
+    "i4": np.dtype(ml_dtypes.int4),
+    "ui2": np.dtype(ml_dtypes.uint2),
+    "ui4": np.dtype(ml_dtypes.uint4),
 }
 
 Dim = int | str  # a static size, or the name of a dimension variable
