@@ -573,8 +573,8 @@ class Executable:
         arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
                   for a in arrays]  # other byte order: converted
         self.signature.check(arrays)
-        return [a if isinstance(a, DeviceArray) else np.ascontiguousarray(a).view(spec.dtype)
-                for a, spec in zip(arrays, self.signature.args)]
+        return [a if isinstance(a, DeviceArray) else (a if a.flags.c_contiguous else np.ascontiguousarray(a)).view(spec.dtype)
+                for a, spec in zip(arrays, self.signature.args)]  # (ascontiguousarray makes a 0-d array 1-d)
 
     def _on_device(self) -> list[DeviceArray]:
         """The parameters' device copies (the GPU attached first)."""

@@ -328,3 +328,13 @@ def test_python_lists_are_arrays_of_the_arguments_dtype():
       return %0 : tensor<?xf32>
     }""")
     np.testing.assert_array_equal(f([1, 2.5]), np.array([2, 5], np.float32))
+
+
+def test_scalars_are_rank_0_arguments():
+    """numpy scalars and Python numbers for a rank-0 argument (they are converted: they used to
+    become arrays of one element, which the call refused)."""
+    b = export.symbolic_shape("b")[0]
+    f = disc.compile(lambda x, s: x * s, jax.ShapeDtypeStruct((b,), np.float32), jax.ShapeDtypeStruct((), np.float32))
+    x = np.arange(3, dtype=np.float32)
+    for s in (np.float32(0.5), 0.5, np.array(0.5, np.float32), np.float64(0.5)):
+        np.testing.assert_array_equal(f(x, s), x * 0.5)

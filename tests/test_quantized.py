@@ -81,3 +81,22 @@ def test_a_quantized_convolution_with_a_dynamic_batch():
         want = np.stack([np.stack([np.stack([(real_x[:, :, i:i + 3, j:j + 3] * real_w[o]).sum(axis=(1, 2, 3))
                                              for j in range(3)], -1) for i in range(3)], -2) for o in range(3)], 1)
         np.testing.assert_allclose(f(x, w), want, rtol=1e-5, atol=1e-5)
+
+
+def test_int4_storage():
+    """4-bit quantization (weights of low-bit inference): storage i4, a byte per element at the
+    boundary (ml_dtypes.int4)."""
+    import ml_dtypes
+
+    f = disc.compile("""func.func @main(%x: tensor<?x!quant.uniform<i4:f32, 0.5:1>>, %y: tensor<?xf32>)
+        -> (tensor<?xf32>, tensor<?x!quant.uniform<i4:f32, 0.5:1>>) {
+      %r = stablehlo.uniform_dequantize %x : (tensor<?x!quant.uniform<i4:f32, 0.5:1>>) -> tensor<?xf32>
+      %q = stablehlo.uniform_quantize %y : (tensor<?xf32>) -> tensor<?x!quant.uniform<i4:f32, 0.5:1>>
+      return %r, %q : tensor<?xf32>, tensor<?x!quant.uniform<i4:f32, 0.5:1>>
+    }""")
+    assert f.signature.args[0].dtype == np.dtype(ml_dtypes.int4)
+    x = np.arange(-8, 8).astype(ml_dtypes.int4)
+    y = np.linspace(-6, 6, 25).astype(np.float32)
+    r, q = f(x, y)
+    np.testing.assert_allclose(r, (np.arange(-8, 8) - 1) * 0.5)
+    np.testing.assert_array_equal(q.astype(np.int64), _quantize(y, 0.5, 1, -8, 7))

@@ -34,12 +34,23 @@ ELEMENT_TYPES: dict[str, np.dtype] = {
     "ui64": np.dtype(np.uint64),
     "complex<f32>": np.dtype(np.complex64),
     "complex<f64>": np.dtype(np.complex128),
-    # sub-byte integers: a byte each, the value's bits in its low bits (ml_dtypes' layout, and
-    # LLVM's for a store of such an integer)
+    # sub-byte integers and 8-, 6- and 4-bit floats: a byte each, the value's bits in its low bits
+    # (ml_dtypes' layout, and LLVM's for a store of such an integer)
     "i2": np.dtype(ml_dtypes.int2),
     "i4": np.dtype(ml_dtypes.int4),
     "ui2": np.dtype(ml_dtypes.uint2),
     "ui4": np.dtype(ml_dtypes.uint4),
+    "f8E4M3FN": np.dtype(ml_dtypes.float8_e4m3fn),
+    "f8E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "f8E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "f8E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "f8E4M3B11FNUZ": np.dtype(ml_dtypes.float8_e4m3b11fnuz),
+    "f8E3M4": np.dtype(ml_dtypes.float8_e3m4),
+    "f8E4M3": np.dtype(ml_dtypes.float8_e4m3),
+    "f8E8M0FNU": np.dtype(ml_dtypes.float8_e8m0fnu),
+    "f6E2M3FN": np.dtype(ml_dtypes.float6_e2m3fn),
+    "f6E3M2FN": np.dtype(ml_dtypes.float6_e3m2fn),
+    "f4E2M1FN": np.dtype(ml_dtypes.float4_e2m1fn),
 }
 
 Dim = int | str  # a static size, or the name of a dimension variable

@@ -31,6 +31,7 @@ from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fu
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
+from .low_bit_floats import emulation_pipeline, expand_conversions, low_bit_types
 from .control_flow import remove_optimization_barriers
 from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised,
                        reciprocals_of_row_divisors)
@@ -103,6 +104,9 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         add_constraint_guards(module, entry, signature, checked)
         # 1. flatten: frontends wrap the body in private functions (JAX's _wrapped_jax_export_main)
         run_pipeline(module, f"builtin.module({FLATTEN})", "inlining")
+        low_bit = low_bit_types(module)  # 8-, 6- and 4-bit floats: computed in f32 (step 12)
+        if low_bit and target.kind != "cpu":
+            raise UnsupportedOpError(f"{', '.join(sorted(low_bit))}: 8-, 6- and 4-bit floats are computed on CPUs only")
         # 2. quantized ops become integer and float arithmetic (upstream), and CHLO (erf, erf_inv,
         #    acosh, the broadcasting ops that pass emits, ...) StableHLO; top_k stays a selection (not
         #    a sort)
@@ -200,6 +204,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")
         # 12. sizes computed at run time are checked before the host code allocates them
         check_allocation_sizes(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
+        if low_bit:
+            run_pipeline(module, f"builtin.module({emulation_pipeline(low_bit)})", "8-, 6- and 4-bit floats in f32")
+            expand_conversions(module)
+            run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining their conversions")
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         if device is not None:
