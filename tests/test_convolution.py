@@ -344,3 +344,21 @@ def test_batch_groups_with_dynamic_dims(layout, groups):
     assert g(np.ones((4, 3, 8, 8), np.float32), np.ones((4, 3, 3, 3), np.float32)).shape == (2, 4, 6, 6)
     with pytest.raises(disc.ShapeError, match=r"the input's batch of 3 is not 2 groups of equal size"):
         g(np.ones((3, 3, 8, 8), np.float32), np.ones((4, 3, 3, 3), np.float32))
+
+
+@pytest.mark.parametrize("kernel", ["4x?x?x3", "4x2x3x3"])
+def test_window_reversal(kernel):
+    """window_reversal (the kernel read back to front along those spatial dims), with a kernel of
+    static and of dynamic dims: the convolution of the reversed kernel."""
+    f = disc.compile(f"""func.func @main(%x: tensor<?x2x7x7xf32>, %w: tensor<{kernel}xf32>) -> tensor<?x4x?x5xf32> {{
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1],
+          window = {{stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [true, false]}}
+          {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<?x2x7x7xf32>, tensor<{kernel}xf32>) -> tensor<?x4x?x5xf32>
+      return %0 : tensor<?x4x?x5xf32>
+    }}""")
+    rng = np.random.default_rng(0)
+    for batch, window in [(1, 3), (3, 2)] if "?" in kernel else [(1, 3), (2, 3)]:
+        x = rng.standard_normal((batch, 2, 7, 7)).astype(np.float32)
+        w = rng.standard_normal((4, 2, window, 3)).astype(np.float32)
+        want = jax.lax.conv_general_dilated(x, np.flip(w, axis=2), (1, 1), "VALID")
+        np.testing.assert_allclose(f(x, w), np.asarray(want), rtol=1e-4, atol=1e-4)

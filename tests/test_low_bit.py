@@ -175,3 +175,26 @@ def test_fp8_matmul_with_f32_accumulation_matches_xla(dt):
         got, want = f(x, w, np.float32(0.5)), jax.jit(layer)(x, w, np.float32(0.5))
         np.testing.assert_allclose(got[1], np.asarray(want[1]), rtol=1e-6, atol=1e-6)
         _same(got[0], np.asarray(want[0]))
+
+
+def test_bitcasts():
+    """bitcast_convert between the formats and integers of their width, and across widths (an f32
+    is four f8E4M3FN, two f8E5M2 an i16): the bits as they are."""
+    f = disc.compile("""func.func @main(%a: tensor<?xf8E4M3FN>, %b: tensor<?xui4>, %c: tensor<?xf32>, %d: tensor<?x2xf8E5M2>)
+        -> (tensor<?xui8>, tensor<?xf4E2M1FN>, tensor<?x4xf8E4M3FN>, tensor<?xi16>, tensor<?xf8E5M2>) {
+      %0 = stablehlo.bitcast_convert %a : (tensor<?xf8E4M3FN>) -> tensor<?xui8>
+      %1 = stablehlo.bitcast_convert %b : (tensor<?xui4>) -> tensor<?xf4E2M1FN>
+      %2 = stablehlo.bitcast_convert %c : (tensor<?xf32>) -> tensor<?x4xf8E4M3FN>
+      %3 = stablehlo.bitcast_convert %d : (tensor<?x2xf8E5M2>) -> tensor<?xi16>
+      %4 = stablehlo.bitcast_convert %0 : (tensor<?xui8>) -> tensor<?xf8E5M2>
+      return %0, %1, %2, %3, %4 : tensor<?xui8>, tensor<?xf4E2M1FN>, tensor<?x4xf8E4M3FN>, tensor<?xi16>, tensor<?xf8E5M2>
+    }""")
+    codes = np.arange(256, dtype=np.uint8)
+    c = np.array([1.5, -2.0, 3e-3], np.float32)
+    d = codes[:12].reshape(6, 2).view(ml_dtypes.float8_e5m2)
+    as_u8, f4, f8s, i16, e5m2 = f(codes.view(ml_dtypes.float8_e4m3fn), np.arange(16).astype(ml_dtypes.uint4), c, d)
+    np.testing.assert_array_equal(as_u8, codes)
+    np.testing.assert_array_equal(f4.view(np.uint8), codes[:16])
+    np.testing.assert_array_equal(f8s.view(np.uint8).reshape(-1), c.view(np.uint8))
+    np.testing.assert_array_equal(i16, codes[:12].view(np.int16))
+    np.testing.assert_array_equal(e5m2.view(np.uint8), codes)

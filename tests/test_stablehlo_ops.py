@@ -238,3 +238,38 @@ def test_optimization_barrier_passes_its_operands_through():
     y, n = f(x, np.array(7, np.int32))
     np.testing.assert_array_equal(y, x * x)
     assert n == 7
+
+
+def test_dot_general_with_an_algorithm():
+    """A dot_general naming its algorithm (f32 operands, accumulation and products) with dynamic dims."""
+    f = disc.compile("""func.func @main(%a: tensor<?x?x8xf32>, %b: tensor<?x8x?xf32>) -> tensor<?x?x?xf32> {
+      %0 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1],
+          algorithm = <lhs_precision_type = f32, rhs_precision_type = f32, accumulation_type = f32, lhs_component_count = 1,
+                       rhs_component_count = 1, num_primitive_operations = 1, allow_imprecise_accumulation = false>
+          : (tensor<?x?x8xf32>, tensor<?x8x?xf32>) -> tensor<?x?x?xf32>
+      return %0 : tensor<?x?x?xf32>
+    }""")
+    rng = np.random.default_rng(0)
+    for b, m, n in ((1, 1, 1), (2, 5, 3)):
+        x, y = rng.standard_normal((b, m, 8)).astype(np.float32), rng.standard_normal((b, 8, n)).astype(np.float32)
+        np.testing.assert_allclose(f(x, y), x @ y, rtol=1e-5, atol=1e-5)
+
+
+def test_chlo_ragged_dot_with_a_dynamic_ragged_dim():
+    """chlo.ragged_dot given as CHLO (rows of the dynamic lhs dim grouped by group_sizes, each group
+    multiplied by its own rhs matrix)."""
+    f = disc.compile("""func.func @main(%lhs: tensor<?x8xf32>, %rhs: tensor<3x8x4xf32>, %gs: tensor<3xi64>) -> tensor<?x4xf32> {
+      %0 = "chlo.ragged_dot"(%lhs, %rhs, %gs) {ragged_dot_dimension_numbers = #chlo.ragged_dot<lhs_batching_dimensions = [],
+          rhs_batching_dimensions = [], lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [1],
+          lhs_ragged_dimensions = [0], rhs_group_dimensions = [0]>,
+          precision_config = [#chlo<precision DEFAULT>, #chlo<precision DEFAULT>]}
+          : (tensor<?x8xf32>, tensor<3x8x4xf32>, tensor<3xi64>) -> tensor<?x4xf32>
+      return %0 : tensor<?x4xf32>
+    }""")
+    rng = np.random.default_rng(1)
+    rhs = rng.standard_normal((3, 8, 4)).astype(np.float32)
+    for sizes in ((3, 5, 2), (0, 1, 0), (4, 0, 6)):
+        lhs = rng.standard_normal((sum(sizes), 8)).astype(np.float32)
+        starts = np.cumsum((0,) + sizes)
+        want = np.concatenate([lhs[starts[g]:starts[g + 1]] @ rhs[g] for g in range(3)])
+        np.testing.assert_allclose(f(lhs, rhs, np.array(sizes, np.int64)), want, rtol=1e-5, atol=1e-5)

@@ -12,19 +12,19 @@
   as it is stored, never copied), a `dot_general` multiplies it with the kernel (the BLAS
   rewrite takes it), and the product is transposed into the output layout (written in place by
   the GEMM);
-- the others (grouped and depthwise convolutions, integer types, window reversal) with a small
+- the others (grouped and depthwise convolutions, integer types) with a small
   window (window positions x the group's input features up to UNROLL_MAX: a depthwise 3x3 to
   7x7) are one elementwise linalg.generic summing the window's products, each window position
   reading a strided slice (a view) of the padded input: it fuses with the batch norm and
   activation after it and vectorises along the output's rows;
 - larger windows are one linalg.generic whose affine maps encode the layout, window strides,
-  rhs dilation, window reversal and feature groups, reducing over the window and the input
+  rhs dilation and feature groups, reducing over the window and the input
   features of the output feature's group (the upstream conversion takes only a dynamic batch,
   and only in the [b, spatial..., f] layout).
 
 With dynamic dims, the last two also take mixed element types (int8 accumulated in int32, float16
 and bfloat16 in float32: the elements are widened before their products) and kernels whose
-features and window sizes are dynamic (ungrouped, unreversed: the input's features are checked
+features and window sizes are dynamic (ungrouped: the input's features are checked
 against the kernel's at run time); the last one also takes batch_group_count > 1 (the input's
 batch read as [groups, batch / groups], the group picked by the output feature's; a batch that
 does not split evenly is a ShapeError)."""
@@ -37,7 +37,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import int_list
+from ..mlir_support import create_value, int_list, walk
 from .dynamic_ops import _elem, _pad, padded_size
 from .library_calls import GEMM_ELEMENT_TYPES, _static_product, contiguous_buffer, pointer
 from .lower import GPU_ATTR, Text, register_template
@@ -48,10 +48,9 @@ def _is_dynamic(op: ir.Operation) -> bool:
 
 
 def _as_gemm(op: ir.Operation) -> bool:
-    """Ungrouped, unreversed, float convolutions of one element type (what the BLAS takes)."""
+    """Ungrouped float convolutions of one element type (what the BLAS takes)."""
     types = {str(ir.RankedTensorType(v.type).element_type) for v in [*op.operands[:2], op.result]}
-    reversed_window = "window_reversal" in op.attributes and any(ir.DenseBoolArrayAttr(op.attributes["window_reversal"]))
-    return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES and not reversed_window
+    return (len(types) == 1 and types <= GEMM_ELEMENT_TYPES
             and ir.IntegerAttr(op.attributes["feature_group_count"]).value == 1
             and ir.IntegerAttr(op.attributes["batch_group_count"]).value == 1)
 
@@ -92,7 +91,6 @@ def _convolution(op, t: Text, state):
     index = [t.const(p) if isinstance(p, int) else p for p in padding]
     lhs_dil = int_list(op, "lhs_dilation") or [1] * n
     rhs_dil = int_list(op, "rhs_dilation") or [1] * n
-    reversal = [bool(x) for x in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])] if "window_reversal" in op.attributes else [False] * n
     groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
     batch_groups = ir.IntegerAttr(op.attributes["batch_group_count"]).value
     elem, in_elem, k_elem = _elem(op.result), _elem(op.operands[0]), _elem(op.operands[1])
@@ -101,8 +99,8 @@ def _convolution(op, t: Text, state):
                                  "to the result's type")
     kernel_in = rhs_t.shape[dn.kernel_input_feature_dimension]
     out_features = rhs_t.shape[dn.kernel_output_feature_dimension]
-    if not rhs_t.has_static_shape and (groups > 1 or batch_groups > 1 or any(reversal)):
-        raise UnsupportedOpError("a kernel with dynamic dims in a grouped or reversed convolution")
+    if not rhs_t.has_static_shape and (groups > 1 or batch_groups > 1):
+        raise UnsupportedOpError("a kernel with dynamic dims in a grouped convolution")
     # output dims: batch from the input, features from the kernel, spatial from the window
     # sliding over the padded input (edge padding, and the input dilation as interior padding)
     in_dims, k_dims = t.dims("%a0", lhs_t), t.dims("%a1", rhs_t)
@@ -161,7 +159,7 @@ def _convolution(op, t: Text, state):
         for s in range(n):
             out_s = f"d{dn.output_spatial_dimensions[s]}"
             lhs_map[dn.input_spatial_dimensions[s]] = out_s if sliced else f"{out_s} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
-            rhs_map[dn.kernel_spatial_dimensions[s]] = f"{window[s] - 1} - {win[s]}" if reversal[s] else win[s]
+            rhs_map[dn.kernel_spatial_dimensions[s]] = win[s]
         return lhs_map, rhs_map
     mul, add = ("arith.mulf", "arith.addf") if _is_float(elem) else ("arith.muli", "arith.addi")
     if _unrolled(op):
@@ -356,3 +354,24 @@ def _conv_call(t: Text, op: ir.Operation, in_dims: list[str], out_dims: list[str
     value = t(f"tensor.expand_shape {flat} [[0], [1], [{', '.join(str(2 + s) for s in range(n))}]] output_shape [{shape}] "
               f": {flat_type} into {expanded}")
     return t(f"tensor.cast {value} : {expanded} to {out_t}") if expanded != str(out_t) else value
+
+
+def reverse_kernels(module: ir.Module) -> int:
+    """A convolution with window reversal becomes one of the kernel reversed along those spatial
+    dims (`stablehlo.reverse`, which takes any dims, dynamic too): the convolution's lowerings
+    then see no reversal. Returns how many."""
+    count = 0
+    for op in walk(module.operation):
+        if op.name not in ("stablehlo.convolution", "stablehlo.dynamic_conv") or "window_reversal" not in op.attributes:
+            continue
+        reversal = [bool(x) for x in ir.DenseBoolArrayAttr(op.attributes["window_reversal"])]
+        if any(reversal):
+            dn = _stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+            dims = [d for d, r in zip(dn.kernel_spatial_dimensions, reversal) if r]
+            with ir.InsertionPoint(op), op.location:
+                kernel = create_value("stablehlo.reverse", [op.operands[1]], op.operands[1].type,
+                                      dimensions=ir.DenseI64ArrayAttr.get(dims))
+            op.operands[1] = kernel
+            count += 1
+        del op.attributes["window_reversal"]
+    return count

@@ -147,12 +147,21 @@ def _decode(name: str, fmt: Format) -> str:
 
 
 def low_bit_types(module: ir.Module) -> set[str]:
-    """The formats the module's values have."""
+    """The formats of the module's values (op results and block arguments)."""
     found = set()
+
+    def note(t: ir.Type) -> None:
+        if isinstance(t, ir.ShapedType):
+            t = ir.ShapedType(t).element_type
+        if isinstance(t, ir.FloatType) and ir.FloatType(t).width < 16:
+            found.add(str(t))
     for op in walk(module.operation):
-        for v in list(op.operands) + list(op.results):
-            text = str(v.type)
-            found.update(name for name in FORMATS if name in text)
+        for r in op.results:
+            note(r.type)
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.arguments:
+                    note(arg.type)
     return found
 
 

@@ -20,6 +20,7 @@ from ..bounded_dynamism.signature import Assertion
 from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import describe, find_function, function_type, run_pipeline, verify, walk
 from . import control_flow, convolution, dynamic_ops, fft, lapack, library_calls, region_ops  # noqa: F401  (register their rewrites)
+from .convolution import reverse_kernels
 from .top_k import protect_top_k
 from .constants import fold_constant_converts
 from .buffers import check_allocation_sizes, free_after_last_use, plan_arena, reuse_equal_buffers
@@ -121,6 +122,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         boolean_sums_as_or(module)
         complex_extrema_lexicographic(module)
         complex_cbrt_polar(module)
+        reverse_kernels(module)
         remove_optimization_barriers(module)
         fold_constant_converts(module)
         run_pipeline(module, f"builtin.module({SIMPLIFY})", "simplification")
