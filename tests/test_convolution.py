@@ -362,3 +362,37 @@ def test_window_reversal(kernel):
         w = rng.standard_normal((4, 2, window, 3)).astype(np.float32)
         want = jax.lax.conv_general_dilated(x, np.flip(w, axis=2), (1, 1), "VALID")
         np.testing.assert_allclose(f(x, w), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", [("NCHW", "OIHW", "NCHW"), ("NHWC", "HWIO", "NHWC")])
+def test_grouped_convolutions_with_dynamic_kernels(layout):
+    """feature_group_count > 1 with a kernel whose window and features are dynamic; features
+    that do not split into the groups are a ShapeError."""
+    k, c = export.symbolic_shape("k, c")
+    nchw = layout[0] == "NCHW"
+
+    def fn(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "VALID", dimension_numbers=layout, feature_group_count=3)
+    x_shape = (2, 3 * c, 9, 8) if nchw else (2, 9, 8, 3 * c)
+    w_shape = (6, c, k, 3) if nchw else (k, 3, c, 6)
+    f = disc.compile(fn, jax.ShapeDtypeStruct(x_shape, np.float32), jax.ShapeDtypeStruct(w_shape, np.float32))
+    rng = np.random.default_rng(0)
+    for window, per_group in [(2, 1), (4, 2)]:
+        sub = {k: window, c: per_group}
+        x = rng.standard_normal(tuple(3 * per_group if d is not None and not isinstance(d, int) else d for d in x_shape)).astype(np.float32)
+        w = rng.standard_normal(tuple(sub.get(d, d) for d in w_shape)).astype(np.float32)
+        np.testing.assert_allclose(f(x, w), np.asarray(jax.jit(fn)(x, w)), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_dynamic_kernel_features_are_checked():
+    g = disc.compile("""func.func @main(%x: tensor<1x?x6x6xf32>, %w: tensor<?x?x3x3xf32>) -> tensor<1x?x4x4xf32> {
+      %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {}
+          {batch_group_count = 1 : i64, feature_group_count = 2 : i64} : (tensor<1x?x6x6xf32>, tensor<?x?x3x3xf32>) -> tensor<1x?x4x4xf32>
+      return %0 : tensor<1x?x4x4xf32>
+    }""")
+    x, w = np.ones((1, 4, 6, 6), np.float32), np.ones((4, 2, 3, 3), np.float32)
+    np.testing.assert_allclose(g(x, w), np.full((1, 4, 4, 4), 18, np.float32))
+    with pytest.raises(disc.ShapeError, match=r"the kernel's 3 output features are not 2 groups of equal size"):
+        g(np.ones((1, 4, 6, 6), np.float32), np.ones((3, 2, 3, 3), np.float32))
+    with pytest.raises(disc.ShapeError, match=r"the input has 6 features, the kernel's 2 group\(s\) read 4"):
+        g(np.ones((1, 6, 6, 6), np.float32), w)

@@ -23,11 +23,13 @@
   and only in the [b, spatial..., f] layout).
 
 With dynamic dims, the last two also take mixed element types (int8 accumulated in int32, float16
-and bfloat16 in float32: the elements are widened before their products) and kernels whose
-features and window sizes are dynamic (ungrouped: the input's features are checked
-against the kernel's at run time); the last one also takes batch_group_count > 1 (the input's
-batch read as [groups, batch / groups], the group picked by the output feature's; a batch that
-does not split evenly is a ShapeError)."""
+and bfloat16 in float32: the elements are widened before their products), and the last one
+kernels whose features and window sizes are dynamic (the input's features are checked against
+the kernel's at run time) and batch_group_count > 1. Its groups (of features or of the batch)
+are split dims: the grouped input dim read as [groups, dim / groups], the kernel's and the
+output's features as [groups, features / groups], the group an iteration dim of its own (a dim
+that does not split evenly is a ShapeError). Window reversal is a reversed kernel
+(`reverse_kernels`, before any of these)."""
 
 from __future__ import annotations
 
@@ -99,8 +101,6 @@ def _convolution(op, t: Text, state):
                                  "to the result's type")
     kernel_in = rhs_t.shape[dn.kernel_input_feature_dimension]
     out_features = rhs_t.shape[dn.kernel_output_feature_dimension]
-    if not rhs_t.has_static_shape and (groups > 1 or batch_groups > 1):
-        raise UnsupportedOpError("a kernel with dynamic dims in a grouped convolution")
     # output dims: batch from the input, features from the kernel, spatial from the window
     # sliding over the padded input (edge padding, and the input dilation as interior padding)
     in_dims, k_dims = t.dims("%a0", lhs_t), t.dims("%a1", rhs_t)
@@ -145,21 +145,34 @@ def _convolution(op, t: Text, state):
         return [_gemm(t, op, dn, padded, padded_type, out_dims, strides, rhs_dil, elem)]
     rank = out_t.rank
     window = [rhs_t.shape[d] for d in dn.kernel_spatial_dimensions]
-    out_f = f"d{dn.output_feature_dimension}"
+    ofd, ifd, ibd, kofd = (dn.output_feature_dimension, dn.input_feature_dimension, dn.input_batch_dimension,
+                           dn.kernel_output_feature_dimension)
+    grouped = max(groups, batch_groups)  # StableHLO allows one of the two above 1
 
-    def maps(win: list[str], feat: str, sliced: bool = False) -> tuple[list[str], list[str]]:
+    def maps(win: list[str], feat: str, sliced: bool = False, split: bool = False) -> tuple[list[str], list[str]]:
         """The input's and the kernel's indices at window position `win` and input feature `feat`
         of the output feature's group (iteration dims or constants); `sliced`: the input is the
-        window position's strided slice, read at the output's spatial indices."""
+        window position's strided slice, read at the output's spatial indices; `split`: the
+        output feature is two iteration dims, its group and its index in the group, and the
+        kernel's output features and the input's grouped dim are split likewise (any dims,
+        dynamic too; otherwise the group is computed from the output feature: static features)."""
+        split = split and grouped > 1
+
+        def at(i: int) -> str:  # the iteration dim of the output's dim i (other than its feature dim)
+            return f"d{i + 1 if split and i > ofd else i}"
         lhs_map, rhs_map = [""] * lhs_t.rank, [""] * rhs_t.rank
-        lhs_map[dn.input_batch_dimension] = f"d{dn.output_batch_dimension}"
-        lhs_map[dn.input_feature_dimension] = f"({out_f} floordiv {out_features // groups}) * {kernel_in} + {feat}" if groups > 1 else feat
+        lhs_map[ibd] = at(dn.output_batch_dimension)
+        lhs_map[ifd] = feat if split or groups == 1 else f"(d{ofd} floordiv {out_features // groups}) * {kernel_in} + {feat}"
         rhs_map[dn.kernel_input_feature_dimension] = feat
-        rhs_map[dn.kernel_output_feature_dimension] = out_f
+        rhs_map[kofd] = f"d{ofd + 1}" if split else f"d{ofd}"
         for s in range(n):
-            out_s = f"d{dn.output_spatial_dimensions[s]}"
+            out_s = at(dn.output_spatial_dimensions[s])
             lhs_map[dn.input_spatial_dimensions[s]] = out_s if sliced else f"{out_s} * {strides[s]} + {win[s]} * {rhs_dil[s]}"
             rhs_map[dn.kernel_spatial_dimensions[s]] = win[s]
+        if split:  # the group comes first in each split dim
+            gd = ibd if batch_groups > 1 else ifd
+            lhs_map[gd:gd + 1] = [f"d{ofd}", lhs_map[gd]]
+            rhs_map[kofd:kofd + 1] = [f"d{ofd}", rhs_map[kofd]]
         return lhs_map, rhs_map
     mul, add = ("arith.mulf", "arith.addf") if _is_float(elem) else ("arith.muli", "arith.addi")
     if _unrolled(op):
@@ -199,32 +212,50 @@ def _convolution(op, t: Text, state):
                f"ins({operands} : {types}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) {{\n"
                f"^bb0({args}, %acc: {elem}):\n  " + "\n  ".join(body) + f"\n}} -> {op.result.type}")
         return [name]
-    # iteration space: output dims d0..d{R-1}, then window dims, then the group's input features
-    lhs_map, rhs_map = maps([f"d{rank + s}" for s in range(n)], f"d{rank + n}")
-    if batch_groups > 1:  # the input's batch dim read as [batch groups, batch]: the output feature's group picks
-        padded, padded_type = _batch_groups(t, padded, padded_t, dn.input_batch_dimension, batch_groups)
-        bd = dn.input_batch_dimension
-        lhs_map[bd:bd + 1] = [f"{out_f} floordiv {out_features // batch_groups}", lhs_map[bd]]
-    all_dims = ", ".join(f"d{i}" for i in range(rank + n + 1))
-    indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(rank)])]
-    iterators = ", ".join(['"parallel"'] * rank + ['"reduction"'] * (n + 1))
-    init = t(f"linalg.fill ins({_zero(t, elem)} : {elem}) outs({t.empty(op.result.type, out_dims)} : {op.result.type}) -> {op.result.type}")
+    # iteration space: output dims (the feature split into group and index in it when grouped), then
+    # window dims, then the group's input features
+    dims = rank + (grouped > 1)
+    lhs_map, rhs_map = maps([f"d{dims + s}" for s in range(n)], f"d{dims + n}", split=True)
+    x, x_type, w, w_type, result_type, result_dims = padded, padded_type, "%a1", str(rhs_t), op.result.type, out_dims
+    if grouped > 1:
+        if rhs_t.is_dynamic_dim(kofd):
+            count = k_dims[kofd]
+            t.check(state, op, t(f"arith.cmpi ne, {t(f'arith.remsi {count}, {t.const(grouped)} : index')}, {t.const(0)} : index"),
+                    f"the kernel's {{0}} output features are not {grouped} groups of equal size", count, t.const(grouped))
+        x, x_type = _split_dim(t, padded, padded_t, ibd if batch_groups > 1 else ifd, grouped)
+        w, w_type = _split_dim(t, "%a1", rhs_t, kofd, grouped)
+        result_dims = out_dims[:ofd] + [t.const(grouped), t(f"arith.divsi {out_dims[ofd]}, {t.const(grouped)} : index")] + out_dims[ofd + 1:]
+        result_type = ir.Type.parse(_split_type(out_t, ofd, grouped))
+    all_dims = ", ".join(f"d{i}" for i in range(dims + n + 1))
+    indexing = [f"affine_map<({all_dims}) -> ({', '.join(m)})>" for m in (lhs_map, rhs_map, [f"d{i}" for i in range(dims)])]
+    iterators = ", ".join(['"parallel"'] * dims + ['"reduction"'] * (n + 1))
+    init = t(f"linalg.fill ins({_zero(t, elem)} : {elem}) outs({t.empty(result_type, result_dims)} : {result_type}) -> {result_type}")
     name = t.fresh("conv")
-    (x_lines, x), (w_lines, w) = _widened("%x", in_elem, elem), _widened("%w", k_elem, elem)
-    body = x_lines + w_lines + [f"%xw = {mul} {x}, {w} : {elem}", f"%sum = {add} %acc, %xw : {elem}", f"linalg.yield %sum : {elem}"]
+    (x_lines, xv), (w_lines, wv) = _widened("%x", in_elem, elem), _widened("%w", k_elem, elem)
+    body = x_lines + w_lines + [f"%xw = {mul} {xv}, {wv} : {elem}", f"%sum = {add} %acc, %xw : {elem}", f"linalg.yield %sum : {elem}"]
     t.emit(f"{name} = linalg.generic {{indexing_maps = [{', '.join(indexing)}], iterator_types = [{iterators}]}} "
-           f"ins({padded}, %a1 : {padded_type}, {rhs_t}) outs({init} : {op.result.type}) {{\n"
-           f"^bb0(%x: {in_elem}, %w: {k_elem}, %acc: {elem}):\n  " + "\n  ".join(body) + f"\n}} -> {op.result.type}")
+           f"ins({x}, {w} : {x_type}, {w_type}) outs({init} : {result_type}) {{\n"
+           f"^bb0(%x: {in_elem}, %w: {k_elem}, %acc: {elem}):\n  " + "\n  ".join(body) + f"\n}} -> {result_type}")
+    if grouped > 1:  # the group and the index in it: the output's feature again
+        reassociation = [[d] if d < ofd else [d, d + 1] if d == ofd else [d + 1] for d in range(out_t.rank)]
+        name = t(f"tensor.collapse_shape {name} {reassociation} : {result_type} into {op.result.type}")
     return [name]
 
 
-def _batch_groups(t: Text, x: str, x_t: ir.RankedTensorType, dim: int, count: int) -> tuple[str, str]:
+def _split_type(x_t: ir.RankedTensorType, dim: int, count: int) -> str:
+    """The type of `x_t` with its dim `dim` split into [count, dim / count]."""
+    sizes = [str(x_t.shape[d]) if not x_t.is_dynamic_dim(d) else "?" for d in range(x_t.rank)]
+    inner = "?" if x_t.is_dynamic_dim(dim) else str(x_t.shape[dim] // count)
+    return f"tensor<{'x'.join(sizes[:dim] + [str(count), inner] + sizes[dim + 1:])}x{x_t.element_type}>"
+
+
+def _split_dim(t: Text, x: str, x_t: ir.RankedTensorType, dim: int, count: int) -> tuple[str, str]:
     """`x` with its dim `dim` split into [count, dim / count]."""
     sizes = [t.dim(x, x_t, d) if x_t.is_dynamic_dim(d) else str(x_t.shape[d]) for d in range(x_t.rank)]
-    inner = t(f"arith.divsi {t.dim(x, x_t, dim)}, {t.const(count)} : index")
+    inner = t(f"arith.divsi {sizes[dim]}, {t.const(count)} : index") if x_t.is_dynamic_dim(dim) else str(x_t.shape[dim] // count)
     shape = sizes[:dim] + [str(count), inner] + sizes[dim + 1:]
     groups = [[d] if d < dim else [d, d + 1] if d == dim else [d + 1] for d in range(x_t.rank)]
-    out_type = f"tensor<{'x'.join('?' if v.startswith('%') else v for v in shape)}x{x_t.element_type}>"
+    out_type = _split_type(x_t, dim, count)
     return t(f"tensor.expand_shape {x} {groups} output_shape [{', '.join(shape)}] : {x_t} into {out_type}"), out_type
 
 
