@@ -273,3 +273,35 @@ def test_chlo_ragged_dot_with_a_dynamic_ragged_dim():
         starts = np.cumsum((0,) + sizes)
         want = np.concatenate([lhs[starts[g]:starts[g + 1]] @ rhs[g] for g in range(3)])
         np.testing.assert_allclose(f(lhs, rhs, np.array(sizes, np.int64)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_chlo_scan():
+    """chlo.scan given as CHLO, over a dynamic dim: along dim 1 of a [?, ?] input and of a second
+    input of another type, from the end (is_reverse), two carries, outputs of their own type."""
+    f = disc.compile("""func.func @main(%x: tensor<?x?xf32>, %m: tensor<?x?xi32>, %s: tensor<?xf32>, %k: tensor<i32>)
+        -> (tensor<?x?xf32>, tensor<?x?xi1>, tensor<?xf32>, tensor<i32>) {
+      %0:4 = "chlo.scan"(%x, %m, %s, %k) <{dimension = 1 : i64, is_reverse = true,
+          operandSegmentSizes = array<i32: 2, 2>, resultSegmentSizes = array<i32: 2, 2>}> ({
+      ^bb0(%a: tensor<?xf32>, %b: tensor<?xi32>, %acc: tensor<?xf32>, %count: tensor<i32>):
+        %w = stablehlo.convert %b : (tensor<?xi32>) -> tensor<?xf32>
+        %p = stablehlo.multiply %a, %w : tensor<?xf32>
+        %sum = stablehlo.add %acc, %p : tensor<?xf32>
+        %zero = stablehlo.constant dense<0.0> : tensor<f32>
+        %big = stablehlo.compare GT, %sum, %sum : (tensor<?xf32>, tensor<?xf32>) -> tensor<?xi1>
+        %one = stablehlo.constant dense<1> : tensor<i32>
+        %next = stablehlo.add %count, %one : tensor<i32>
+        stablehlo.return %sum, %big, %sum, %next : tensor<?xf32>, tensor<?xi1>, tensor<?xf32>, tensor<i32>
+      }) : (tensor<?x?xf32>, tensor<?x?xi32>, tensor<?xf32>, tensor<i32>) -> (tensor<?x?xf32>, tensor<?x?xi1>, tensor<?xf32>, tensor<i32>)
+      return %0#0, %0#1, %0#2, %0#3 : tensor<?x?xf32>, tensor<?x?xi1>, tensor<?xf32>, tensor<i32>
+    }""")
+    rng = np.random.default_rng(0)
+    for rows, steps in ((1, 1), (3, 5), (2, 0)):
+        x = rng.standard_normal((rows, steps)).astype(np.float32)
+        m = rng.integers(-2, 3, (rows, steps)).astype(np.int32)
+        s = rng.standard_normal(rows).astype(np.float32)
+        out, flags, acc, count = f(x, m, s, np.int32(7))
+        want = s[:, None] + np.cumsum((x * m)[:, ::-1], axis=1)[:, ::-1]
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        assert flags.shape == (rows, steps) and not flags.any()
+        np.testing.assert_allclose(acc, want[:, 0] if steps else s, rtol=1e-5, atol=1e-5)
+        assert int(count) == 7 + steps

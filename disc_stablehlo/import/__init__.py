@@ -130,6 +130,10 @@ def parse_stablehlo(source: str | bytes) -> ir.Module:
             except Exception:
                 pass  # not a portable artifact: plain MLIR bytecode
         if isinstance(source, str) and "chlo." in source:
+            if "chlo.scan" in source:
+                from .chlo_scan import scans_as_loops
+
+                source = scans_as_loops(source)
             return _stablehlo.deserialize_portable_artifact(ctx, _without_chlo(source))
         try:
             return ir.Module.parse(source)
