@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .stablehlo_text import Body, tensor_type
+
 _DTYPES = {"si64": "i64", "si32": "i32", "si16": "i16", "si8": "i8"}  # the rest are spelled alike
 
 
@@ -25,10 +27,6 @@ def _builtin(torch_type: Any) -> tuple[list[int | None], str]:
         raise ValueError(f"not a ranked value tensor: {torch_type}")
     shape = [None if d == "?" else int(d) for d in m.group(1).split(",")] if m.group(1) else []
     return shape, _DTYPES.get(m.group(2), m.group(2))
-
-
-def _tensor(shape: list[int | None], elem: str) -> str:
-    return f"tensor<{''.join(('?' if d is None else str(d)) + 'x' for d in shape)}{elem}>"
 
 
 def _constant_operand(value: Any) -> Any:
@@ -42,37 +40,6 @@ def _constant_operand(value: Any) -> Any:
         raise ValueError(f"expected a constant, got {op.name}")
     attr = op.attributes["value"]
     return ir.BoolAttr(attr).value if op.name == "torch.constant.bool" else ir.IntegerAttr(attr).value
-
-
-class _Body:
-    """The text of one function: fresh names and a few StableHLO idioms."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.n = 0
-
-    def __call__(self, rhs: str, results: int = 1) -> str:
-        self.n += 1
-        self.lines.append(f"%v{self.n}{'' if results == 1 else f':{results}'} = {rhs}")
-        return f"%v{self.n}"
-
-    def i32(self, value: int, size: int | None = None) -> str:
-        return self(f"stablehlo.constant dense<{value}> : tensor<{'' if size is None else f'{size}x'}i32>")
-
-    def size(self, x: str, shape: list[int | None], elem: str, dim: int) -> str:
-        """Dim `dim` of `x` as a tensor<1xi32>."""
-        n = self(f"stablehlo.get_dimension_size {x}, dim = {dim} : ({_tensor(shape, elem)}) -> tensor<i32>")
-        return self(f"stablehlo.reshape {n} : (tensor<i32>) -> tensor<1xi32>")
-
-    def vector(self, parts: list[str]) -> str:
-        """tensor<1xi32> parts concatenated."""
-        if len(parts) == 1:
-            return parts[0]
-        types = ", ".join(["tensor<1xi32>"] * len(parts))
-        return self(f"stablehlo.concatenate {', '.join(parts)}, dim = 0 : ({types}) -> tensor<{len(parts)}xi32>")
-
-    def shape(self, x: str, shape: list[int | None], elem: str) -> str:
-        return self.vector([self.size(x, shape, elem, d) for d in range(len(shape))])
 
 
 def _is_float(elem: str) -> bool:
@@ -97,17 +64,17 @@ def _comparator(elem: str, descending: bool) -> str:
     return "\n    ".join(lines + ["stablehlo.return %r : tensor<i1>"])
 
 
-def _sort(b: _Body, x: str, shape: list[int | None], elem: str, dim: int, descending: bool) -> tuple[str, str]:
+def _sort(b: Body, x: str, shape: list[int | None], elem: str, dim: int, descending: bool) -> tuple[str, str]:
     """Values and i64 positions of `x` sorted along `dim`, stably."""
-    index_type = _tensor(shape, "i64")
+    index_type = tensor_type(shape, "i64")
     iota = b(f"stablehlo.dynamic_iota {b.shape(x, shape, elem)}, dim = {dim} : (tensor<{len(shape)}xi32>) -> {index_type}")
-    ty = _tensor(shape, elem)
+    ty = tensor_type(shape, elem)
     name = b(f'"stablehlo.sort"({x}, {iota}) <{{dimension = {dim} : i64, is_stable = true}}> ({{\n    '
              f"{_comparator(elem, descending)}\n  }}) : ({ty}, {index_type}) -> ({ty}, {index_type})", results=2)
     return f"{name}#0", f"{name}#1"
 
 
-def _function(name: str, params: list[str], results: list[str], body: _Body, returned: list[str]) -> str:
+def _function(name: str, params: list[str], results: list[str], body: Body, returned: list[str]) -> str:
     args = ", ".join(f"%p{i}: {t}" for i, t in enumerate(params))
     text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}"])
     return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
@@ -132,10 +99,10 @@ class _Rewriter:
         from torch_mlir import ir
 
         name = self.name(stem)
-        body = _Body()
-        params = [_tensor(*_builtin(v.type)) for v in tensor_operands]
+        body = Body()
+        params = [tensor_type(*_builtin(v.type)) for v in tensor_operands]
         values, extra = build(body, [f"%p{i}" for i in range(len(params))])
-        results = [_tensor(*_builtin(r.type)) for r in op.results]
+        results = [tensor_type(*_builtin(r.type)) for r in op.results]
         self.definitions += [_function(name, params, results, body, values)] + extra
         types = ir.FunctionType.get([v.type for v in tensor_operands], [r.type for r in op.results])
         with ir.InsertionPoint.at_block_begin(self.module.body), op.location:
@@ -156,10 +123,10 @@ class _Rewriter:
         dim %= rank
         add = self.name("add")
 
-        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             v = args[0]
             if out_elem != elem:
-                v = b(f"stablehlo.convert {v} : ({_tensor(shape, elem)}) -> {_tensor(shape, out_elem)}")
+                v = b(f"stablehlo.convert {v} : ({tensor_type(shape, elem)}) -> {tensor_type(shape, out_elem)}")
             zero = b(f"stablehlo.constant dense<{'0.0' if _is_float(out_elem) else '0'}> : tensor<{out_elem}>")
             n = b.size(v, shape, out_elem, dim)
             one, nothing = b.i32(1, 1), b.i32(0, 1)
@@ -168,7 +135,7 @@ class _Rewriter:
             pads = b.vector([p for d in range(rank) for p in ((before, nothing) if d == dim else (nothing, nothing))])
             padding = b(f"stablehlo.reshape {pads} : (tensor<{2 * rank}xi32>) -> tensor<{rank}x2xi32>")
             ones = b.i32(1, rank)
-            ty = _tensor(shape, out_elem)
+            ty = tensor_type(shape, out_elem)
             vec = f"tensor<{rank}xi32>"
             y = b(f"stablehlo.custom_call @stablehlo.dynamic_reduce_window({v}, {zero}, {window}, {ones}, {ones}, {ones}, {padding}) "
                   f"{{api_version = 2 : i32, called_computations = [@{add}]}} : "
@@ -183,7 +150,7 @@ class _Rewriter:
         x, dim, descending = op.operands[0], _constant_operand(op.operands[1]), _constant_operand(op.operands[2])
         shape, elem = _builtin(x.type)
 
-        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             return list(_sort(b, args[0], shape, elem, dim % len(shape), descending)), []
         self.replace(op, "sort", [x], build)
 
@@ -198,26 +165,26 @@ class _Rewriter:
         kept = moved[:-1] + [k]
         select = self.name("top_k")
 
-        def transpose(b: _Body, v: str, src: list[int | None], e: str, order: list[int]) -> str:
+        def transpose(b: Body, v: str, src: list[int | None], e: str, order: list[int]) -> str:
             if order == list(range(rank)):
                 return v
             dst = [src[d] for d in order]
-            return b(f"stablehlo.transpose {v}, dims = [{', '.join(map(str, order))}] : ({_tensor(src, e)}) -> {_tensor(dst, e)}")
+            return b(f"stablehlo.transpose {v}, dims = [{', '.join(map(str, order))}] : ({tensor_type(src, e)}) -> {tensor_type(dst, e)}")
 
         def selection() -> str:
             """The k first of the sorted row: the composite's decomposition, or the op itself."""
-            b = _Body()
+            b = Body()
             values, order = _sort(b, "%p0", moved, elem, rank - 1, largest)
             limits = b.vector([b.size("%p0", moved, elem, d) for d in range(rank - 1)] + [b.i32(k, 1)])
             zeros, ones = b.i32(0, rank), b.i32(1, rank)
             vec = f"tensor<{rank}xi32>"
-            outs = [b(f"stablehlo.real_dynamic_slice {v}, {zeros}, {limits}, {ones} : ({_tensor(moved, e)}, {vec}, {vec}, {vec}) -> {_tensor(kept, e)}")
+            outs = [b(f"stablehlo.real_dynamic_slice {v}, {zeros}, {limits}, {ones} : ({tensor_type(moved, e)}, {vec}, {vec}, {vec}) -> {tensor_type(kept, e)}")
                     for v, e in ((values, elem), (order, "i64"))]
-            return _function(select, [_tensor(moved, elem)], [_tensor(kept, elem), _tensor(kept, "i64")], b, outs)
+            return _function(select, [tensor_type(moved, elem)], [tensor_type(kept, elem), tensor_type(kept, "i64")], b, outs)
 
-        def build(b: _Body, args: list[str]) -> tuple[list[str], list[str]]:
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             v = transpose(b, args[0], shape, elem, perm)
-            types = f"({_tensor(moved, elem)}) -> ({_tensor(kept, elem)}, {_tensor(kept, 'i64')})"
+            types = f"({tensor_type(moved, elem)}) -> ({tensor_type(kept, elem)}, {tensor_type(kept, 'i64')})"
             if largest:
                 res = b(f'stablehlo.composite "chlo.top_k" {v} {{composite_attributes = {{k = {k} : i64}}, '
                         f"decomposition = @{select}}} : {types}", results=2)
