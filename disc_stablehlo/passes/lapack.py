@@ -80,7 +80,7 @@ def _lapack(op, t: Text, state: LoweringState):
     a_t = ir.RankedTensorType(data[0].type)
     if a_t.rank < 2:
         raise UnsupportedOpError(f"{target} takes matrices: {describe(op)}")
-    a_dims = t.dims("%a0", a_t)
+    a_dims = t.dims(f"%a{positions[0]}", a_t)
     *batch, m, n = a_dims
     k = t(f"arith.minsi {m}, {n} : index")
     b_name = f"%a{positions[1]}" if len(data) == 2 else None
