@@ -34,10 +34,25 @@ static lapack_int ld(int64_t rows) { return rows > 1 ? (lapack_int)rows : 1; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* dst (cols x rows, row-major: src's column-major form) from src (rows x cols, row-major); also
- * back, with rows and cols swapped. */
+ * back, with rows and cols swapped. In tiles (both sides' cache lines used whole), elements copied
+ * as the integers of their size. */
+#define TILE 32
+#define TRANSPOSE_AS(T)                                                                                                        \
+  for (int64_t i0 = 0; i0 < rows; i0 += TILE)                                                                                  \
+    for (int64_t j0 = 0; j0 < cols; j0 += TILE)                                                                                \
+      for (int64_t i = i0; i < i0 + TILE && i < rows; i++)                                                                     \
+        for (int64_t j = j0; j < j0 + TILE && j < cols; j++) ((T *)dst)[j * rows + i] = ((const T *)src)[i * cols + j];
+typedef struct {
+  uint64_t lo, hi;
+} bytes16;
 static void transpose(char *dst, const char *src, int64_t rows, int64_t cols, size_t elem) {
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t j = 0; j < cols; j++) memcpy(dst + (size_t)(j * rows + i) * elem, src + (size_t)(i * cols + j) * elem, elem);
+  if (elem == 4) {
+    TRANSPOSE_AS(uint32_t)
+  } else if (elem == 8) {
+    TRANSPOSE_AS(uint64_t)
+  } else {
+    TRANSPOSE_AS(bytes16)
+  }
 }
 
 static void lapack_fail(const lapack_job *g, ral_status status, const char *what, int64_t value) {
