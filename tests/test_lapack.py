@@ -166,6 +166,28 @@ def test_eig_general_matrices(dtype):
     _close(rotation.astype(v.dtype) @ v, v * w[..., None, :], dtype)
 
 
+@pytest.mark.parametrize("dtype", [F32, C128], ids=lambda d: np.dtype(d).name)
+def test_large_lu_on_every_thread(dtype):
+    """One matrix of order >= 256 (fewer matrices than threads) is factored by the blocked
+    algorithm with its trailing updates split over the pool: the same pivots as XLA's LAPACK, the
+    factors equal up to rounding, solves with residuals at rounding level; a batch of such
+    matrices (one per thread) is the plain call per matrix."""
+    lu = disc.compile(jax.lax.linalg.lu, jax.ShapeDtypeStruct((B, N, N), dtype))
+    solve = disc.compile(jnp.linalg.solve, jax.ShapeDtypeStruct((B, N, N), dtype), jax.ShapeDtypeStruct((B, N, 2), dtype))
+    rng = np.random.default_rng(6)
+    for batch, n in [(1, 300), (1, 257), (3, 260)]:
+        a, y = _random((batch, n, n), dtype, rng), _random((batch, n, 2), dtype, rng)
+        factors, pivots, perm = lu(a)
+        want = jax.jit(jax.lax.linalg.lu)(a)
+        np.testing.assert_array_equal(pivots, np.asarray(want[1]))
+        np.testing.assert_array_equal(perm, np.asarray(want[2]))
+        scale = float(np.abs(np.asarray(want[0])).max())
+        np.testing.assert_allclose(factors, np.asarray(want[0]), rtol=0, atol=_tol(dtype) * 20 * scale)
+        x = solve(a, y)
+        residual = np.abs(a @ x - y).max() / (np.abs(a).max() * np.abs(x).max() * n)
+        assert residual < (1e-6 if dtype == F32 else 1e-14), residual
+
+
 def test_numerical_failures_are_nans_as_in_jax():
     """A matrix that is not positive definite: potrf's info > 0 is a result, which JAX's program
     turns into NaNs (the call does not fail)."""
@@ -200,10 +222,13 @@ def test_operands_the_routine_cannot_take_are_shape_errors():
         f(a, _random((2, 4, 2), F32, rng))
 
 
-def test_other_layouts_are_rejected():
-    """A row-major result would be another computation: refused, naming the layout."""
+def test_other_layouts_and_characters_are_rejected():
+    """A row-major result would be another computation, and LAPACK takes upper-case characters of
+    its own sets only: refused at compile time, naming the layout or the attribute."""
     with pytest.raises(disc.UnsupportedOpError, match=r"lapack_strsm_ffi: result_layouts\[0\] is \[2, 1, 0\]"):
         disc.compile(TRSM.replace("LAYOUT", "[2, 1, 0]"))
+    with pytest.raises(disc.UnsupportedOpError, match=r"lapack_strsm_ffi: `side` is 'l', expected one of L, R"):
+        disc.compile(TRSM.replace("LAYOUT", "[1, 2, 0]").replace("side = 76", "side = 108"))
 
 
 def test_openblas_lapack(tmp_path):

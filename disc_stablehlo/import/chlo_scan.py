@@ -4,7 +4,8 @@ each scan becomes a call of a function holding a `stablehlo.while` over the scan
 the inputs' slices at the position (real_dynamic_slice, the dim dropped), the scan's region (moved
 into a function of its own) on them and the carries, and its outputs written at the position
 (dynamic_update_slice); `is_reverse` walks from the end. Any dims, dynamic ones too; an output's
-dims other than the scanned one are the first input's."""
+dims other than the scanned one are the first input's (a step whose result has another size is a
+ShapeError)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def _loop_text(name: str, body: str, dim: int, reverse: bool, inputs: list[Value
     for k, ((shape, elem), update) in enumerate(zip(outputs, updates)):
         rank = len(shape)
         grown_t = tensor_type([1 if d == dim else None for d in range(rank)], elem)
-        size = _sizes(b, results[k], update, [1 if d == dim else f"d{d - (d > dim)}" for d in range(rank)])
+        # to the output's dims, not the step's own: a step result of another size is then an error
+        # of the reshape at run time, not a part of the output left unwritten
+        size = _sizes(b, outs[k], (shape, elem), [1 if d == dim else f"d{d}" for d in range(rank)])
         grown = b(f"stablehlo.dynamic_reshape {results[k]}, {size} : ({tensor_type(*update)}, tensor<{rank}xi32>) -> {grown_t}")
         at = ", ".join(pos if d == dim else zero for d in range(rank))
         new_outs.append(b(f"stablehlo.dynamic_update_slice {outs[k]}, {grown}, {at} : ({out_types[k]}, {grown_t}, "
@@ -83,6 +86,15 @@ def _loop_text(name: str, body: str, dim: int, reverse: bool, inputs: list[Value
 
 def scans_as_loops(text: str) -> str:
     """The module text with every chlo.scan a call of a while loop (other CHLO ops kept)."""
+    try:
+        return _scans_as_loops(text)
+    except CompileError:
+        raise
+    except Exception as e:  # jaxlib's parser and verifier, a scan of a form not taken
+        raise CompileError(f"chlo.scan: {e}") from None
+
+
+def _scans_as_loops(text: str) -> str:
     from jax._src.interpreters import mlir as jmlir
     from jax._src.lib.mlir import ir
 
@@ -91,16 +103,15 @@ def scans_as_loops(text: str) -> str:
         return [None if rt.is_dynamic_dim(i) else rt.shape[i] for i in range(rt.rank)], str(rt.element_type)
 
     with jmlir.make_ir_context(), ir.Location.unknown():
-        try:
-            module = ir.Module.parse(text)
-        except Exception as e:
-            raise CompileError(f"cannot parse the CHLO module: {e}") from None
+        module = ir.Module.parse(text)
         scans = []
         module.operation.walk(lambda op: (scans.append(op.operation) if op.operation.name == "chlo.scan" else None)
                               or ir.WalkResult.ADVANCE)
         for k, op in enumerate(scans):
             n_in, n_init = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
             n_out = list(ir.DenseI32ArrayAttr(op.attributes["resultSegmentSizes"]))[0]
+            if n_in == 0:
+                raise CompileError("chlo.scan without inputs (its length from scan_dim_size) is not taken")
             dim = ir.IntegerAttr(op.attributes["dimension"]).value
             reverse = "is_reverse" in op.attributes and ir.BoolAttr(op.attributes["is_reverse"]).value
             block = op.regions[0].blocks[0]
@@ -136,6 +147,5 @@ def scans_as_loops(text: str) -> str:
             for old, new in zip(op.results, call.results):
                 old.replace_all_uses_with(new)
             op.erase()
-        if not module.operation.verify():
-            raise CompileError("chlo.scan: the loop made of it does not verify")
+        module.operation.verify()  # raises where the loop is not a valid program
         return str(module)

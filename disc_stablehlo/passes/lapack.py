@@ -19,9 +19,12 @@ from ..ops import LAPACK_ROUTINES, lapack_result_dims, lapack_routine
 from .library_calls import _memref_type, _product, contiguous_buffer, pointer
 from .lower import GPU_ATTR, LoweringState, Text, register_template
 
-# the backend_config attributes of each routine, in the order disc_ral_lapack's `flags` takes them
-FLAGS = {"potrf": ("uplo",), "trsm": ("side", "uplo", "trans_x", "diag"), "syevd": ("mode", "uplo"),
-         "heevd": ("mode", "uplo"), "gesdd": ("mode",), "gesvd": ("mode",), "geev": ("compute_left", "compute_right")}
+# the backend_config attributes of each routine, in the order disc_ral_lapack's `flags` takes them,
+# with the characters each may be
+_UPLO, _EIG_MODE = ("uplo", "LU"), ("mode", "VN")
+FLAGS = {"potrf": (_UPLO,), "trsm": (("side", "LR"), _UPLO, ("trans_x", "NTC"), ("diag", "UN")), "syevd": (_EIG_MODE, _UPLO),
+         "heevd": (_EIG_MODE, _UPLO), "gesdd": (("mode", "ASN"),), "gesvd": (("mode", "ASN"),),
+         "geev": (("compute_left", "VN"), ("compute_right", "VN"))}
 
 
 def _target(op: ir.Operation) -> str:
@@ -38,10 +41,12 @@ def lapack_characters(op: ir.Operation, routine: str) -> str:
     config = next((op.attributes[a] for a in ("backend_config", "mhlo.backend_config")
                    if a in op.attributes and isinstance(op.attributes[a], ir.DictAttr)), None)
     chars = []
-    for name in FLAGS.get(routine, ()):
+    for name, allowed in FLAGS.get(routine, ()):
         if config is None or name not in config:
             raise UnsupportedOpError(f"{_target(op)} without its `{name}` in backend_config: {describe(op)}")
         chars.append(chr(ir.IntegerAttr(config[name]).value))
+        if chars[-1] not in allowed:
+            raise UnsupportedOpError(f"{_target(op)}: `{name}` is {chars[-1]!r}, expected one of {', '.join(allowed)}: {describe(op)}")
     return "".join(chars)
 
 
@@ -115,8 +120,10 @@ def _lapack(op, t: Text, state: LoweringState):
         contract(t(f"arith.minsi {n}, {m} : index"), n, "Q of {1} columns from {0} rows: LAPACK needs rows >= columns")
         contract(t(f"arith.minsi {p}, {n} : index"), p, "{1} reflectors for {0} columns: at most one per column")
     dims = lapack_result_dims(routine, type_code >= 2, chars[:1], a_dims, b_dims, k, given)
-    if routine in ("gesdd", "gesvd"):
+    if routine in ("gesdd", "gesvd"):  # u is m x p, vt q x n (as given when no vectors are computed: checked)
         p, q = dims[2][-1], dims[3][-2]
+        contract(dims[2][-2], m, "u has {0} rows, the matrix {1}")
+        contract(dims[3][-1], n, "vt has {0} columns, the matrix {1}")
     results = []
     for i, r in enumerate(op.results):
         rt = ir.RankedTensorType(r.type)

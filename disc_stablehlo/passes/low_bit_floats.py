@@ -73,7 +73,6 @@ def _encode(name: str, fmt: Format) -> str:
     # a normal source value's bits, rounded, less the difference of the biases: the format's bits
     code = t(f"arith.subi {t(f'arith.shrui {rounded}, {c(shift)} : {it}')}, {c((sbias - fmt.bias) << m)} : {it}")
     if fmt.kind == "e8m0":
-        code = t(f"arith.maxsi {code}, {c(0)} : {it}")  # below 2^-127: the smallest value
         # f32's subnormals (below 2^-126): 2^-127 up to 2^-127 itself, 2^-126 above
         tiny = t(f"arith.cmpi ult, {mag}, {c(1 << 23)} : {it}")
         up = t(f"arith.extui {t(f'arith.cmpi ugt, {mag}, {c(0x400000)} : {it}')} : i1 to {it}")

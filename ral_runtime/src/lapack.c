@@ -11,6 +11,8 @@
 #include "ral/ral.h"
 #include "ral_internal.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,14 +36,17 @@ static lapack_int ld(int64_t rows) { return rows > 1 ? (lapack_int)rows : 1; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* dst (cols x rows, row-major: src's column-major form) from src (rows x cols, row-major); also
- * back, with rows and cols swapped. In tiles (both sides' cache lines used whole), elements copied
- * as the integers of their size. */
-#define TILE 32
+ * back, with rows and cols swapped. In tiles of TILE x TILE, each written row by row (measured on
+ * 1024 x 1024 floats: 1.9 ms, 3.5 ms with tiles of 32 read row by row), elements copied as the
+ * integers of their size. */
+#define TILE 8
 #define TRANSPOSE_AS(T)                                                                                                        \
   for (int64_t i0 = 0; i0 < rows; i0 += TILE)                                                                                  \
-    for (int64_t j0 = 0; j0 < cols; j0 += TILE)                                                                                \
-      for (int64_t i = i0; i < i0 + TILE && i < rows; i++)                                                                     \
-        for (int64_t j = j0; j < j0 + TILE && j < cols; j++) ((T *)dst)[j * rows + i] = ((const T *)src)[i * cols + j];
+    for (int64_t j0 = 0; j0 < cols; j0 += TILE) {                                                                              \
+      int64_t i1 = i0 + TILE < rows ? i0 + TILE : rows, j1 = j0 + TILE < cols ? j0 + TILE : cols;                             \
+      for (int64_t j = j0; j < j1; j++)                                                                                        \
+        for (int64_t i = i0; i < i1; i++) ((T *)dst)[j * rows + i] = ((const T *)src)[i * cols + j];                          \
+    }
 typedef struct {
   uint64_t lo, hi;
 } bytes16;
@@ -67,9 +72,14 @@ static void check_info(const lapack_job *g, lapack_int info) {
   if (info < 0) lapack_fail(g, RAL_ERR_INTERNAL, "rejected its argument number ", -info);
 }
 
-/* A workspace size from a LAPACK query (its first element, a real or complex number). */
-static lapack_int query_size(const void *work, int type) {
-  double v = real_size(type) == 8 ? *(const double *)work : *(const float *)work;
+/* A workspace size from a LAPACK query (its first element, a real or complex number; a float one
+ * rounded up, as LAPACK's own callers do: above 2^24 a float may fall short of the integer). */
+static lapack_int query_size(const lapack_job *g, const void *work) {
+  double v = real_size(g->type) == 8 ? *(const double *)work : ceil(*(const float *)work * (1 + FLT_EPSILON));
+  if (!(v <= INT32_MAX)) {
+    lapack_fail(g, RAL_ERR_OUT_OF_MEMORY, "needs a workspace past 32-bit integers; routine ", g->routine);
+    return 0;
+  }
   return v < 1 ? 1 : (lapack_int)v;
 }
 
@@ -113,7 +123,7 @@ static void run_factor(const lapack_job *g, int64_t lo, int64_t hi) {
   size_t e = elem_size(g->type);
   lapack_int m = (lapack_int)g->m, n = (lapack_int)g->n, k = (lapack_int)g->p, lda = ld(g->m), info = 0, lwork = 0;
   int64_t mn = g->m * g->n, kk = min64(g->m, g->n);
-  char query[16] = {0};
+  double query[2] = {0};
   if (g->routine == DISC_LAPACK_GEQRF || g->routine == DISC_LAPACK_ORGQR) {
     lwork = -1;
     if (g->routine == DISC_LAPACK_GEQRF)
@@ -121,7 +131,7 @@ static void run_factor(const lapack_job *g, int64_t lo, int64_t hi) {
     else
       ((orgqr_fn)g->fn)(&m, &n, &k, NULL, &lda, NULL, query, &lwork, &info);
     check_info(g, info);
-    lwork = query_size(query, g->type);
+    lwork = query_size(g, query);
   }
   int64_t order = g->routine == DISC_LAPACK_TRSM ? (g->c[0] == 'L' ? g->m : g->n) : 0; /* a's, for trsm */
   size_t bytes[3] = {(size_t)mn * e, (size_t)lwork * e, (size_t)(order * order) * e};
@@ -167,14 +177,14 @@ static void run_factor(const lapack_job *g, int64_t lo, int64_t hi) {
 static void run_eigh(const lapack_job *g, int64_t lo, int64_t hi) {
   size_t e = elem_size(g->type), re = real_size(g->type);
   lapack_int n = (lapack_int)g->n, lda = ld(g->n), info = 0, lwork = -1, lrwork = -1, liwork = -1, iquery = 0;
-  char query[16] = {0}, rquery[16] = {0};
+  double query[2] = {0}, rquery[2] = {0};
   if (is_complex(g->type))
     ((heevd_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, query, &lwork, rquery, &lrwork, &iquery, &liwork, &info, 1, 1);
   else
     ((syevd_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, query, &lwork, &iquery, &liwork, &info, 1, 1);
   check_info(g, info);
-  lwork = query_size(query, g->type);
-  lrwork = is_complex(g->type) ? query_size(rquery, g->type) : 0;
+  lwork = query_size(g, query);
+  lrwork = is_complex(g->type) ? query_size(g, rquery) : 0;
   liwork = iquery > 1 ? iquery : 1;
   int64_t nn = g->n * g->n;
   size_t bytes[4] = {(size_t)nn * e, (size_t)lwork * e, (size_t)lrwork * re, (size_t)liwork * sizeof(lapack_int)};
@@ -207,7 +217,7 @@ static void run_svd(const lapack_job *g, int64_t lo, int64_t hi) {
   int64_t ucols = vectors ? g->p : 0, vrows = vectors ? g->q : 0;
   lapack_int m = (lapack_int)g->m, n = (lapack_int)g->n, lda = ld(g->m), ldu = ld(vectors ? g->m : 1), ldvt = ld(vrows);
   lapack_int info = 0, lwork = -1;
-  char query[16] = {0};
+  double query[2] = {0};
   int64_t lrwork = !cplx ? 0 : !sdd ? 5 * k : vectors ? k * (5 * k + 7 > 2 * big + 2 * k + 1 ? 5 * k + 7 : 2 * big + 2 * k + 1) : 7 * k;
   size_t bytes[6] = {(size_t)mn * e, (size_t)(g->m * ucols) * e, (size_t)(vrows * g->n) * e, 0, (size_t)(lrwork > 0 ? lrwork : 1) * re,
                      (size_t)(8 * k) * sizeof(lapack_int)};
@@ -225,7 +235,7 @@ static void run_svd(const lapack_job *g, int64_t lo, int64_t hi) {
   else
     ((gesvd_fn)g->fn)(&g->c[0], &g->c[0], &m, &n, NULL, &lda, NULL, NULL, &ldu, NULL, &ldvt, query, &lwork, &info, 1, 1);
   check_info(g, info);
-  lwork = query_size(query, g->type);
+  lwork = query_size(g, query);
   char *work = ral_alloc(current_context(), (size_t)lwork * e);
   if (!work) return;
   for (int64_t i = lo; i < hi; i++) {
@@ -290,7 +300,7 @@ static void run_eig(const lapack_job *g, int64_t lo, int64_t hi) {
   int cplx = is_complex(g->type), left = g->c[0] == 'V', right = g->c[1] == 'V';
   lapack_int n = (lapack_int)g->n, lda = ld(g->n), ldvl = ld(left ? g->n : 1), ldvr = ld(right ? g->n : 1), info = 0, lwork = -1;
   int64_t nn = g->n * g->n;
-  char query[16] = {0};
+  double query[2] = {0};
   size_t bytes[4] = {(size_t)nn * e, (size_t)(left ? nn : 1) * e, (size_t)(right ? nn : 1) * e, (size_t)(2 * g->n + 1) * re};
   char *part[4];
   char *block = scratch(bytes, part, 4);
@@ -300,7 +310,7 @@ static void run_eig(const lapack_job *g, int64_t lo, int64_t hi) {
   else
     ((geev_fn)g->fn)(&g->c[0], &g->c[1], &n, NULL, &lda, NULL, NULL, NULL, &ldvl, NULL, &ldvr, query, &lwork, &info, 1, 1);
   check_info(g, info);
-  lwork = query_size(query, g->type);
+  lwork = query_size(g, query);
   char *work = ral_alloc(current_context(), (size_t)lwork * e);
   if (!work) return;
   char *const *vectors = g->r + (cplx ? 1 : 2);
@@ -328,6 +338,87 @@ static void run_eig(const lapack_job *g, int64_t lo, int64_t hi) {
   }
   context_free(current_context(), work);
   context_free(current_context(), block);
+}
+
+/* LU of one large matrix on every thread: LAPACK's own blocked algorithm, its trailing updates
+ * split over the pool. Per panel of LU_PANEL columns: the panel factored (LAPACK, one thread),
+ * its row interchanges applied to the columns left of it; then, per block of the columns right
+ * of it (in parallel), the interchanges, the triangular solve with the panel's unit lower
+ * triangle and the GEMM update of the rows below. */
+#define LU_PANEL 64
+#define LU_MIN 256 /* below this order a matrix is one LAPACK call (the batch is what is split) */
+
+typedef void (*laswp_fn)(lapack_int *, void *, lapack_int *, lapack_int *, lapack_int *, const lapack_int *, lapack_int *);
+typedef void (*gemm_fn)(const char *, const char *, lapack_int *, lapack_int *, lapack_int *, const void *, const void *,
+                        lapack_int *, const void *, lapack_int *, const void *, void *, lapack_int *, size_t, size_t);
+
+typedef struct {
+  const lapack_job *g;
+  laswp_fn laswp;
+  trsm_fn trsm;
+  gemm_fn gemm;
+  char *x;              /* the matrix, column-major, leading dim m */
+  const lapack_int *piv; /* the panel's interchanges (1-based, global rows) */
+  int64_t j, jb;        /* the panel's first column and width */
+} lu_step;
+
+static void lu_update(void *data, int64_t lo, int64_t hi) {
+  const lu_step *s = data;
+  static const double one_d[2] = {1, 0}, minus_one_d[2] = {-1, 0};
+  static const float one_f[2] = {1, 0}, minus_one_f[2] = {-1, 0};
+  int wide = real_size(s->g->type) == 8;
+  size_t e = elem_size(s->g->type);
+  int64_t m = s->g->m, first = s->j + s->jb + lo * LU_PANEL, last = s->j + s->jb + hi * LU_PANEL;
+  if (last > s->g->n) last = s->g->n;
+  lapack_int cols = (lapack_int)(last - first), lda = ld(m), k1 = (lapack_int)s->j + 1, k2 = (lapack_int)(s->j + s->jb), inc = 1;
+  lapack_int jb = (lapack_int)s->jb, below = (lapack_int)(m - s->j - s->jb);
+  char *right = s->x + (size_t)(first * m) * e;
+  s->laswp(&cols, right, &lda, &k1, &k2, s->piv, &inc);
+  s->trsm("L", "L", "N", "U", &jb, &cols, wide ? (const void *)one_d : one_f, s->x + (size_t)(s->j * m + s->j) * e, &lda,
+          right + (size_t)s->j * e, &lda, 1, 1, 1, 1);
+  if (below > 0)
+    s->gemm("N", "N", &below, &cols, &jb, wide ? (const void *)minus_one_d : minus_one_f,
+            s->x + (size_t)(s->j * m + s->j + s->jb) * e, &lda, right + (size_t)s->j * e, &lda, wide ? (const void *)one_d : one_f,
+            right + (size_t)(s->j + s->jb) * e, &lda, 1, 1);
+}
+
+/* Matrix i of a GETRF job by the blocked algorithm (called outside any parallel loop). */
+static void getrf_blocked(const lapack_job *g, int64_t i) {
+  ral_context *ctx = current_context();
+  char letter = g->name[0], name[16];
+  lu_step s = {.g = g};
+  snprintf(name, sizeof name, "%claswp_", letter);
+  s.laswp = (laswp_fn)runtime_blas_symbol(ctx->rt, name);
+  snprintf(name, sizeof name, "%ctrsm_", letter);
+  s.trsm = (trsm_fn)runtime_blas_symbol(ctx->rt, name);
+  snprintf(name, sizeof name, "%cgemm_", letter);
+  s.gemm = (gemm_fn)runtime_blas_symbol(ctx->rt, name);
+  if (!s.laswp || !s.trsm || !s.gemm) {
+    lapack_fail(g, RAL_ERR_UNAVAILABLE, "needs laswp, trsm and gemm, which the BLAS lacks; routine ", g->routine);
+    return;
+  }
+  size_t e = elem_size(g->type);
+  int64_t m = g->m, n = g->n, kk = min64(m, n);
+  char *x = ral_alloc(ctx, (size_t)(m * n) * e);
+  if (!x) return;
+  transpose(x, g->a + (size_t)(i * m * n) * e, m, n, e);
+  s.x = x;
+  lapack_int *piv = (lapack_int *)g->r[1] + i * kk, info = 0, lda = ld(m);
+  for (int64_t j = 0; j < kk; j += LU_PANEL) {
+    lapack_int rows = (lapack_int)(m - j), jb = (lapack_int)min64(LU_PANEL, kk - j), panel_info = 0;
+    ((getrf_fn)g->fn)(&rows, &jb, x + (size_t)(j * m + j) * e, &lda, piv + j, &panel_info);
+    check_info(g, panel_info);
+    if (info == 0 && panel_info > 0) info = panel_info + (lapack_int)j;
+    for (int64_t r = j; r < j + jb; r++) piv[r] += (lapack_int)j;
+    lapack_int k1 = (lapack_int)j + 1, k2 = (lapack_int)j + jb, inc = 1, left = (lapack_int)j;
+    if (left > 0) s.laswp(&left, x, &lda, &k1, &k2, piv, &inc);
+    s.piv = piv, s.j = j, s.jb = jb;
+    int64_t blocks = (n - j - jb + LU_PANEL - 1) / LU_PANEL;
+    disc_ral_parallel_for(lu_update, &s, blocks, blocks * LU_PANEL * (m - j) * jb);
+  }
+  transpose(g->r[0] + (size_t)(i * m * n) * e, x, n, m, e);
+  ((lapack_int *)g->r[2])[i] = info;
+  context_free(ctx, x);
 }
 
 static void lapack_chunk(void *data, int64_t lo, int64_t hi) {
@@ -372,6 +463,10 @@ void disc_ral_lapack(int64_t routine, int64_t type, int64_t flags, int64_t batch
   if (batch == 0) return;
   if (!(g.fn = runtime_blas_symbol(ctx->rt, g.name))) {
     lapack_fail(&g, RAL_ERR_UNAVAILABLE, "is not in the BLAS the runtime loaded (DISC_BLAS), routine ", routine);
+    return;
+  }
+  if (routine == DISC_LAPACK_GETRF && batch < ral_runtime_num_threads(ctx->rt) && min64(m, n) >= LU_MIN) {
+    for (int64_t i = 0; i < batch; i++) getrf_blocked(&g, i); /* each on every thread */
     return;
   }
   double work = (double)batch * (double)m * (double)n * (double)(m > n ? m : n);

@@ -578,6 +578,34 @@ static void test_lapack(ral_runtime *rt, int have_blas) {
       CHECK(info[b] >= 0);
     }
     CHECK(worst < 1e-10);
+    /* one matrix of order 300 (fewer than the threads): the blocked LU, trailing updates on the pool */
+    enum { BIG = 300 };
+    double *big = malloc(sizeof(double) * BIG * BIG), *blu = malloc(sizeof(double) * BIG * BIG), *prod = calloc(BIG * BIG, sizeof(double));
+    int32_t *bpiv = malloc(sizeof(int32_t) * BIG), binfo = -1;
+    uint64_t state = 12345;
+    for (int i = 0; i < BIG * BIG; i++) { /* pseudo-random in [-1, 1): nonsingular, pivots move rows */
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      big[i] = (double)(state >> 11) / (double)(1ULL << 52) - 1;
+    }
+    disc_ral_lapack(DISC_LAPACK_GETRF, DISC_LAPACK_F64, 0, 1, BIG, BIG, 0, 0, big, NULL, blu, bpiv, &binfo, NULL, NULL);
+    CHECK(ral_context_status(ctx) == RAL_OK && binfo == 0);
+    for (int i = 0; i < BIG; i++) /* L U */
+      for (int k = 0; k <= i; k++) {
+        double l = k == i ? 1 : blu[i * BIG + k];
+        for (int j = k; j < BIG; j++) prod[i * BIG + j] += l * blu[k * BIG + j];
+      }
+    for (int i = BIG - 1; i >= 0; i--) { /* the interchanges undone, last first */
+      int p = bpiv[i] - 1;
+      CHECK(p >= i && p < BIG);
+      for (int j = 0; j < BIG; j++) {
+        double t = prod[i * BIG + j];
+        prod[i * BIG + j] = prod[p * BIG + j], prod[p * BIG + j] = t;
+      }
+    }
+    double big_err = 0;
+    for (int i = 0; i < BIG * BIG; i++) big_err = fmax(big_err, fabs(prod[i] - big[i]));
+    CHECK(big_err < 1e-9);
+    free(big), free(blu), free(prod), free(bpiv);
     /* SVD of 5 x 3, thin: u 5 x 3, vt 3 x 3 */
     double m[15], over[15], s[3], u[15], vt[9];
     for (int i = 0; i < 15; i++) m[i] = (double)((i * 5 + 3) % 7) - 3;
