@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import limit_threads, machine_load, memory_bandwidth  # noqa: E402
+from common import best_time, limit_threads, machine_load, memory_bandwidth  # noqa: E402
 
 THREADS = 2
 limit_threads(THREADS)  # before any peer is imported
@@ -51,17 +50,6 @@ def layer_norm(x):
 
 def gelu_chain(x):
     return jax.nn.gelu(x * 1.5 + 0.1, approximate=False) * 0.5
-
-
-def best_time(fn, *args, reps: int = 15) -> float:
-    """Best seconds of `fn(*args)` until its result is computed (JAX's asynchronous dispatch waited for)."""
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _without(module, step: str, build):

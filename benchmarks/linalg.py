@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import limit_threads, machine_load  # noqa: E402
+from common import best_time, limit_threads, machine_load  # noqa: E402
 
 THREADS = 2
 limit_threads(THREADS)
@@ -34,15 +33,6 @@ CASES = [  # name, function, argument shapes (the first dim the dynamic batch)
 ]
 
 
-def _best(fn, args, reps: int = 7) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def main() -> int:
     import disc_stablehlo as disc
 
@@ -55,11 +45,10 @@ def main() -> int:
         rng = np.random.default_rng(0)
         args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
         device = [jnp.asarray(a) for a in args]
-        f(*args), jax.block_until_ready(jitted(*device))
         disc_t, jax_t = float("inf"), float("inf")
         for _ in range(3):  # alternating
-            disc_t = min(disc_t, _best(f, args, 3))
-            jax_t = min(jax_t, _best(jitted, device, 3))
+            disc_t = min(disc_t, best_time(f, *args, reps=3))
+            jax_t = min(jax_t, best_time(jitted, *device, reps=3))
         print(f"{name:<34} {disc_t * 1e3:9.2f} {jax_t * 1e3:9.2f} {disc_t / jax_t:9.2f}")
     return 0
 
