@@ -91,10 +91,14 @@ def location_text(op: ir.Operation) -> str:
 
 
 def describe(op: ir.Operation) -> str:
-    """`stablehlo.foo (tensor<?x4xf32>) -> tensor<?xf32> at loc` for error messages."""
+    """`stablehlo.foo (tensor<?x4xf32>) -> tensor<?xf32> at loc` for error messages (a custom call
+    with its target: `stablehlo.custom_call @lapack_sgehrd_ffi (...)`)."""
     ins = ", ".join(str(v.type) for v in op.operands)
     outs = ", ".join(str(v.type) for v in op.results)
-    return f"{op.name} ({ins}) -> ({outs}) at {location_text(op)}"
+    name = op.name
+    if name == "stablehlo.custom_call" and "call_target_name" in op.attributes:
+        name += f" @{ir.StringAttr(op.attributes['call_target_name']).value}"
+    return f"{name} ({ins}) -> ({outs}) at {location_text(op)}"
 
 
 def verify(module: ir.Module, stage: str) -> None:
