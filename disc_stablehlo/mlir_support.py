@@ -95,10 +95,13 @@ def describe(op: ir.Operation) -> str:
     with its target: `stablehlo.custom_call @lapack_sgehrd_ffi (...)`)."""
     ins = ", ".join(str(v.type) for v in op.operands)
     outs = ", ".join(str(v.type) for v in op.results)
-    name = op.name
-    if name == "stablehlo.custom_call" and "call_target_name" in op.attributes:
-        name += f" @{ir.StringAttr(op.attributes['call_target_name']).value}"
+    name = f"{op.name} @{call_target(op)}" if op.name == "stablehlo.custom_call" else op.name
     return f"{name} ({ins}) -> ({outs}) at {location_text(op)}"
+
+
+def call_target(op: ir.Operation) -> str:
+    """A custom call's target name."""
+    return ir.StringAttr(op.attributes["call_target_name"]).value
 
 
 def verify(module: ir.Module, stage: str) -> None:

@@ -22,7 +22,7 @@ from typing import Callable
 from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
-from ..mlir_support import create_value, index_constant, int_list, location_text, operation, tag_facts
+from ..mlir_support import call_target, create_value, index_constant, int_list, location_text, operation, tag_facts
 from ..ops import ELEMENTWISE, TOP_K_ATTR, TOP_K_TARGET, lapack_result_dims, lapack_routine
 from .signature import Signature
 from .symbolic import Dim
@@ -695,7 +695,7 @@ def _reduce_window(w: _Walker, op: ir.Operation):
 def _custom_call(w: _Walker, op: ir.Operation):
     """JAX's stablehlo.dynamic_reduce_window (window parameters are operands), its LAPACK calls
     (the dims the routine gives its results) and our top_k (the operand's dims, the last one k)."""
-    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    target = call_target(op)
     if target == TOP_K_TARGET:
         out = w.of(op.operands[0])[:-1] + [Dim.const(ir.IntegerAttr(op.attributes[TOP_K_ATTR]).value)]
         return [out, out]

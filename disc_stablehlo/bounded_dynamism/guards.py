@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
 from torch_mlir import ir
 
-from ..mlir_support import create_value, find_function, function_type, llvm_string, walk
+from ..mlir_support import call_target, create_value, find_function, function_type, llvm_string, walk
 from .analysis import ShapeAnalysis, _is_var, dim_value
 from .signature import Assertion
 
@@ -17,7 +17,7 @@ GUARD_FUNCTION = "disc_guard"
 
 
 def _is_shape_assertion(op: ir.Operation) -> bool:
-    return op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == "shape_assertion"
+    return op.name == "stablehlo.custom_call" and call_target(op) == "shape_assertion"
 
 
 def _pack_function(asserts: list[ir.Operation], width: int) -> str:

@@ -10,7 +10,7 @@ ShapeError)."""
 from __future__ import annotations
 
 from ..errors import CompileError
-from .stablehlo_text import Body, tensor_type
+from .stablehlo_text import Body, is_float, tensor_type
 
 Value = tuple[list[int | None], str]  # a tensor's shape (None: dynamic) and element type
 
@@ -35,7 +35,7 @@ def _loop_text(name: str, body: str, dim: int, reverse: bool, inputs: list[Value
     for shape, elem in outputs:
         if len(shape) != len(inputs[0][0]):
             raise CompileError(f"chlo.scan: an output of rank {len(shape)}, the first input's is {len(inputs[0][0])}")
-        fill = "false" if elem == "i1" else "(0.0, 0.0)" if elem.startswith("complex") else "0.0" if elem[0] in "fb" else "0"
+        fill = "false" if elem == "i1" else "(0.0, 0.0)" if elem.startswith("complex") else "0.0" if is_float(elem) else "0"
         scalar = b(f"stablehlo.constant dense<{fill}> : tensor<{elem}>")
         size = _sizes(b, "%x0", inputs[0], [n if i == dim else f"d{i}" if d is None else d for i, d in enumerate(shape)])
         starts.append(b(f"stablehlo.dynamic_broadcast_in_dim {scalar}, {size}, dims = [] "

@@ -4,6 +4,10 @@ chlo.scan): fresh names and a few idioms."""
 from __future__ import annotations
 
 
+def is_float(elem: str) -> bool:
+    return elem.startswith(("f", "bf"))
+
+
 def tensor_type(shape: list[int | None], elem: str) -> str:
     return f"tensor<{''.join(('?' if d is None else str(d)) + 'x' for d in shape)}{elem}>"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .stablehlo_text import Body, tensor_type
+from .stablehlo_text import Body, is_float, tensor_type
 
 _DTYPES = {"si64": "i64", "si32": "i32", "si16": "i16", "si8": "i8"}  # the rest are spelled alike
 
@@ -42,16 +42,12 @@ def _constant_operand(value: Any) -> Any:
     return ir.BoolAttr(attr).value if op.name == "torch.constant.bool" else ir.IntegerAttr(attr).value
 
 
-def _is_float(elem: str) -> bool:
-    return elem.startswith(("f", "bf"))
-
-
 def _comparator(elem: str, descending: bool) -> str:
     """The region of a stable sort of (values, i64 indices): ascending or descending, NaN above
     every number and NaNs alike, as torch orders them."""
     s = f"tensor<{elem}>"
     lines = [f"^bb0(%a: {s}, %b: {s}, %i: tensor<i64>, %j: tensor<i64>):"]
-    if _is_float(elem):
+    if is_float(elem):
         lines += [f"%before = stablehlo.compare {'GT' if descending else 'LT'}, %a, %b, FLOAT : ({s}, {s}) -> tensor<i1>",
                   f"%nan_a = stablehlo.compare NE, %a, %a, FLOAT : ({s}, {s}) -> tensor<i1>",
                   f"%nan_b = stablehlo.compare NE, %b, %b, FLOAT : ({s}, {s}) -> tensor<i1>",
@@ -127,7 +123,7 @@ class _Rewriter:
             v = args[0]
             if out_elem != elem:
                 v = b(f"stablehlo.convert {v} : ({tensor_type(shape, elem)}) -> {tensor_type(shape, out_elem)}")
-            zero = b(f"stablehlo.constant dense<{'0.0' if _is_float(out_elem) else '0'}> : tensor<{out_elem}>")
+            zero = b(f"stablehlo.constant dense<{'0.0' if is_float(out_elem) else '0'}> : tensor<{out_elem}>")
             n = b.size(v, shape, out_elem, dim)
             one, nothing = b.i32(1, 1), b.i32(0, 1)
             window = b.vector([n if d == dim else one for d in range(rank)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from ..errors import UnsupportedOpError
-from ..mlir_support import describe, int_list
+from ..mlir_support import call_target, describe, int_list
 from ..ops import LAPACK_ROUTINES, lapack_result_dims, lapack_routine
 from .library_calls import _memref_type, _product, contiguous_buffer, pointer
 from .lower import GPU_ATTR, LoweringState, Text, register_template
@@ -27,12 +27,8 @@ FLAGS = {"potrf": (_UPLO,), "trsm": (("side", "LR"), _UPLO, ("trans_x", "NTC"), 
          "geev": (("compute_left", "VN"), ("compute_right", "VN"))}
 
 
-def _target(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["call_target_name"]).value
-
-
 def _is_lapack(op: ir.Operation) -> bool:
-    return lapack_routine(_target(op)) is not None
+    return lapack_routine(call_target(op)) is not None
 
 
 def lapack_characters(op: ir.Operation, routine: str) -> str:
@@ -43,10 +39,10 @@ def lapack_characters(op: ir.Operation, routine: str) -> str:
     chars = []
     for name, allowed in FLAGS.get(routine, ()):
         if config is None or name not in config:
-            raise UnsupportedOpError(f"{_target(op)} without its `{name}` in backend_config: {describe(op)}")
+            raise UnsupportedOpError(f"{call_target(op)} without its `{name}` in backend_config: {describe(op)}")
         chars.append(chr(ir.IntegerAttr(config[name]).value))
         if chars[-1] not in allowed:
-            raise UnsupportedOpError(f"{_target(op)}: `{name}` is {chars[-1]!r}, expected one of {', '.join(allowed)}: {describe(op)}")
+            raise UnsupportedOpError(f"{call_target(op)}: `{name}` is {chars[-1]!r}, expected one of {', '.join(allowed)}: {describe(op)}")
     return "".join(chars)
 
 
@@ -64,13 +60,13 @@ def _check_layouts(op: ir.Operation, values: list[ir.Value], attr: str) -> None:
         want = [rank - 2, rank - 1, *range(rank - 3, -1, -1)] if r == rank else list(range(r - 1, -1, -1))
         got = [int(x) for x in ir.DenseIntElementsAttr(layouts[i])] if layouts is not None else None
         if got != want:
-            raise UnsupportedOpError(f"{_target(op)}: {attr}[{i}] is {got}, expected {want} (JAX's column-major matrices): "
+            raise UnsupportedOpError(f"{call_target(op)}: {attr}[{i}] is {got}, expected {want} (JAX's column-major matrices): "
                                      f"{describe(op)}")
 
 
 @register_template("stablehlo.custom_call", when=_is_lapack)
 def _lapack(op, t: Text, state: LoweringState):
-    target = _target(op)
+    target = call_target(op)
     if GPU_ATTR in state.module.operation.attributes:
         raise UnsupportedOpError(f"{target} is a CPU LAPACK call (JAX exports cuSOLVER calls for GPUs): {describe(op)}")
     routine, type_code = lapack_routine(target)

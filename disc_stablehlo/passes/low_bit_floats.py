@@ -102,8 +102,7 @@ def _encode(name: str, fmt: Format) -> str:
             signed = t(f"arith.xori {sign}, {t(f'arith.extui {is_nan} : i1 to {it}')} : {it}")
         code = t(f"arith.ori {code}, {t(f'arith.shli {signed}, {c(width - 1)} : {it}')} : {it}")
     t.emit(f"return {t(f'arith.trunci {code} : {it} to i{width}')} : i{width}")
-    body = "\n  ".join(t._constants + t.lines)
-    return f"func.func private @{name}(%a0: {src}) -> i{width} {{\n  {body}\n}}"
+    return t.function_of(name, f"%a0: {src}", f"i{width}")
 
 
 def _decode(name: str, fmt: Format) -> str:
@@ -141,8 +140,7 @@ def _decode(name: str, fmt: Format) -> str:
         elif fmt.kind == "fnuz":
             bits = t(f"arith.select {t(f'arith.cmpi eq, {code}, {c(1 << (width - 1))} : i32')}, {nan}, {bits} : i32")
     t.emit(f"return {t(f'arith.bitcast {bits} : i32 to f32')} : f32")
-    body = "\n  ".join(t._constants + t.lines)
-    return f"func.func private @{name}(%a0: i{width}) -> f32 {{\n  {body}\n}}"
+    return t.function_of(name, f"%a0: i{width}", "f32")
 
 
 def low_bit_types(module: ir.Module) -> set[str]:

@@ -216,7 +216,11 @@ class Text:
     def function(self, name: str, op: ir.Operation, result_types: list[ir.Type] | None = None) -> str:
         """The function of `op`'s operands (`%a0`..) returning `result_types` (default: op's)."""
         params = ", ".join(f"%a{i}: {v.type}" for i, v in enumerate(op.operands))
-        results = ", ".join(str(r) for r in (result_types or [r.type for r in op.results]))
+        return self.function_of(name, params, ", ".join(str(r) for r in (result_types or [r.type for r in op.results])))
+
+    def function_of(self, name: str, params: str, results: str) -> str:
+        """The private function `name` of these parameters and result types, with the body written
+        (and the declarations it needs)."""
         body = "\n  ".join(self._constants + self.lines)
         return "\n".join(self.declarations + [f"func.func private @{name}({params}) -> ({results}) {{\n  {body}\n}}"])
 

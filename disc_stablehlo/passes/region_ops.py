@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
-from ..mlir_support import find_function, int_list, operation
+from ..mlir_support import call_target, find_function, int_list, operation
 from .dynamic_ops import _elem, _pad, _rank
 from .lower import LoweringState, Text, register_template
 
@@ -398,7 +398,7 @@ def _reduce_window(op, t: Text, state: LoweringState):
 
 
 def _is_dynamic_reduce_window(op: ir.Operation) -> bool:
-    return ir.StringAttr(op.attributes["call_target_name"]).value == "stablehlo.dynamic_reduce_window"
+    return call_target(op) == "stablehlo.dynamic_reduce_window"
 
 
 @register_template("stablehlo.custom_call", when=_is_dynamic_reduce_window)

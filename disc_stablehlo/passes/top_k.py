@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import create_value, location_text, walk
+from ..mlir_support import call_target, create_value, location_text, walk
 from ..ops import TOP_K_ATTR, TOP_K_TARGET
 from .dynamic_ops import _elem
 from .lower import LoweringState, Text, register_template
@@ -63,7 +63,7 @@ def protect_top_k(module: ir.Module) -> None:
 
 
 def _is_top_k(op: ir.Operation) -> bool:
-    return ir.StringAttr(op.attributes["call_target_name"]).value == TOP_K_TARGET
+    return call_target(op) == TOP_K_TARGET
 
 
 @register_template("stablehlo.custom_call", when=_is_top_k)

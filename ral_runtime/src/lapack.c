@@ -35,6 +35,18 @@ static int is_complex(int type) { return type == DISC_LAPACK_C64 || type == DISC
 static lapack_int ld(int64_t rows) { return rows > 1 ? (lapack_int)rows : 1; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* 1 and -1 in the job's type (a complex one's imaginary part 0), for alpha and beta */
+static const double one_d[2] = {1, 0}, minus_one_d[2] = {-1, 0};
+static const float one_f[2] = {1, 0}, minus_one_f[2] = {-1, 0};
+static const void *one(int type) { return real_size(type) == 8 ? (const void *)one_d : one_f; }
+static const void *minus_one(int type) { return real_size(type) == 8 ? (const void *)minus_one_d : minus_one_f; }
+
+/* The BLAS / LAPACK entry of `routine` ("getrf") for `type`, its name ("sgetrf_") in `name`. */
+static void *lapack_entry(ral_runtime *rt, int type, const char *routine, char name[16]) {
+  snprintf(name, 16, "%c%s_", "sdcz"[type], routine);
+  return runtime_blas_symbol(rt, name);
+}
+
 /* dst (cols x rows, row-major: src's column-major form) from src (rows x cols, row-major); also
  * back, with rows and cols swapped. In tiles of TILE x TILE, each written row by row (measured on
  * 1024 x 1024 floats: 1.9 ms, 3.5 ms with tiles of 32 read row by row), elements copied as the
@@ -159,12 +171,9 @@ static void run_factor(const lapack_job *g, int64_t lo, int64_t hi) {
       ((orgqr_fn)g->fn)(&m, &n, &k, x, &lda, g->b + (size_t)(i * k) * e, part[1], &lwork, &info);
       break;
     default: { /* trsm: alpha 1 */
-      static const double one_d[2] = {1, 0};
-      static const float one_f[2] = {1, 0};
       lapack_int lds = ld(order);
       transpose(part[2], g->a + (size_t)(i * order * order) * e, order, order, e);
-      ((trsm_fn)g->fn)(&g->c[0], &g->c[1], &g->c[2], &g->c[3], &m, &n, real_size(g->type) == 8 ? (const void *)one_d : one_f,
-                       part[2], &lds, x, &lda, 1, 1, 1, 1);
+      ((trsm_fn)g->fn)(&g->c[0], &g->c[1], &g->c[2], &g->c[3], &m, &n, one(g->type), part[2], &lds, x, &lda, 1, 1, 1, 1);
     }
     }
     check_info(g, info);
@@ -364,9 +373,6 @@ typedef struct {
 
 static void lu_update(void *data, int64_t lo, int64_t hi) {
   const lu_step *s = data;
-  static const double one_d[2] = {1, 0}, minus_one_d[2] = {-1, 0};
-  static const float one_f[2] = {1, 0}, minus_one_f[2] = {-1, 0};
-  int wide = real_size(s->g->type) == 8;
   size_t e = elem_size(s->g->type);
   int64_t m = s->g->m, first = s->j + s->jb + lo * LU_PANEL, last = s->j + s->jb + hi * LU_PANEL;
   if (last > s->g->n) last = s->g->n;
@@ -374,25 +380,20 @@ static void lu_update(void *data, int64_t lo, int64_t hi) {
   lapack_int jb = (lapack_int)s->jb, below = (lapack_int)(m - s->j - s->jb);
   char *right = s->x + (size_t)(first * m) * e;
   s->laswp(&cols, right, &lda, &k1, &k2, s->piv, &inc);
-  s->trsm("L", "L", "N", "U", &jb, &cols, wide ? (const void *)one_d : one_f, s->x + (size_t)(s->j * m + s->j) * e, &lda,
-          right + (size_t)s->j * e, &lda, 1, 1, 1, 1);
+  s->trsm("L", "L", "N", "U", &jb, &cols, one(s->g->type), s->x + (size_t)(s->j * m + s->j) * e, &lda, right + (size_t)s->j * e,
+          &lda, 1, 1, 1, 1);
   if (below > 0)
-    s->gemm("N", "N", &below, &cols, &jb, wide ? (const void *)minus_one_d : minus_one_f,
-            s->x + (size_t)(s->j * m + s->j + s->jb) * e, &lda, right + (size_t)s->j * e, &lda, wide ? (const void *)one_d : one_f,
-            right + (size_t)(s->j + s->jb) * e, &lda, 1, 1);
+    s->gemm("N", "N", &below, &cols, &jb, minus_one(s->g->type), s->x + (size_t)(s->j * m + s->j + s->jb) * e, &lda,
+            right + (size_t)s->j * e, &lda, one(s->g->type), right + (size_t)(s->j + s->jb) * e, &lda, 1, 1);
 }
 
 /* Matrix i of a GETRF job by the blocked algorithm (called outside any parallel loop). */
 static void getrf_blocked(const lapack_job *g, int64_t i) {
   ral_context *ctx = current_context();
-  char letter = g->name[0], name[16];
-  lu_step s = {.g = g};
-  snprintf(name, sizeof name, "%claswp_", letter);
-  s.laswp = (laswp_fn)runtime_blas_symbol(ctx->rt, name);
-  snprintf(name, sizeof name, "%ctrsm_", letter);
-  s.trsm = (trsm_fn)runtime_blas_symbol(ctx->rt, name);
-  snprintf(name, sizeof name, "%cgemm_", letter);
-  s.gemm = (gemm_fn)runtime_blas_symbol(ctx->rt, name);
+  char name[16];
+  lu_step s = {.g = g, .laswp = (laswp_fn)lapack_entry(ctx->rt, g->type, "laswp", name),
+               .trsm = (trsm_fn)lapack_entry(ctx->rt, g->type, "trsm", name),
+               .gemm = (gemm_fn)lapack_entry(ctx->rt, g->type, "gemm", name)};
   if (!s.laswp || !s.trsm || !s.gemm) {
     lapack_fail(g, RAL_ERR_UNAVAILABLE, "needs laswp, trsm and gemm, which the BLAS lacks; routine ", g->routine);
     return;
@@ -452,7 +453,7 @@ void disc_ral_lapack(int64_t routine, int64_t type, int64_t flags, int64_t batch
     context_exit(ctx);
     return;
   }
-  snprintf(g.name, sizeof g.name, "%c%s_", "sdcz"[type], names[routine][is_complex((int)type)]);
+  g.fn = lapack_entry(ctx->rt, (int)type, names[routine][is_complex((int)type)], g.name);
   for (int i = 0; i < 4; i++) g.c[i] = (char)((flags >> (8 * i)) & 0xff);
   const int64_t dims[] = {batch, m, n, p, q};
   for (int i = 0; i < 5; i++)
@@ -461,7 +462,7 @@ void disc_ral_lapack(int64_t routine, int64_t type, int64_t flags, int64_t batch
       return;
     }
   if (batch == 0) return;
-  if (!(g.fn = runtime_blas_symbol(ctx->rt, g.name))) {
+  if (!g.fn) {
     lapack_fail(&g, RAL_ERR_UNAVAILABLE, "is not in the BLAS the runtime loaded (DISC_BLAS), routine ", routine);
     return;
   }
