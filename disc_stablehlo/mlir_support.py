@@ -1,7 +1,7 @@
 """Owns the MLIR context set-up (dialects, passes) and small helpers over the MLIR Python API.
 
-torch-mlir's wheel bundles upstream MLIR and StableHLO; importing its torch dialect is what
-registers `stablehlo-legalize-to-linalg` and `stablehlo-aggressive-simplification`."""
+torch-mlir's wheel bundles upstream MLIR and StableHLO; loading its torch dialect's native
+library is what registers `stablehlo-legalize-to-linalg` and `stablehlo-aggressive-simplification`."""
 
 from __future__ import annotations
 
@@ -23,10 +23,8 @@ def _load_mlir() -> None:
     old = sys.getdlopenflags()
     sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | os.RTLD_DEEPBIND)
     try:
-        import torch_mlir.dialects.llvm  # noqa: F401
-        import torch_mlir.dialects.torch  # noqa: F401  (registers the StableHLO->linalg passes)
         import torch_mlir.passmanager  # noqa: F401
-        from torch_mlir._mlir_libs import _stablehlo  # noqa: F401
+        from torch_mlir._mlir_libs import _mlirDialectsLLVM, _stablehlo, _torchMlir  # noqa: F401  (_torchMlir: the StableHLO->linalg passes)
     finally:
         sys.setdlopenflags(old)
 
@@ -38,7 +36,9 @@ from torch_mlir._mlir_libs import _stablehlo  # noqa: E402
 from torch_mlir._mlir_libs._mlir import globals as _mlir_globals  # noqa: E402
 
 _stablehlo.register_stablehlo_passes()
-_mlir_globals.append_dialect_search_prefix(f"{__package__}.opviews")
+from . import opviews  # noqa: E402
+
+_mlir_globals.dialect_search_modules = [opviews.__name__, *_mlir_globals.dialect_search_modules]
 
 
 def new_context() -> ir.Context:

@@ -239,9 +239,6 @@ def serve() -> None:
     """The worker's loop: one request at a time until its input ends."""
     from . import mlir_support  # noqa: F401  (loads MLIR and LLVM now, before the first request)
     from . import build  # noqa: F401
-    # the dialects' Python modules, which MLIR's bindings import when the passes first meet their
-    # ops (linalg's alone takes 0.25 s): loaded while the caller's frontend exports
-    from torch_mlir.dialects import arith, complex, func, linalg, math, memref, scf, tensor  # noqa: F401
 
     # the replies get a descriptor of their own: whatever the compiler prints (Python, or MLIR and
     # LLVM writing to descriptor 1) goes to stderr and cannot corrupt them

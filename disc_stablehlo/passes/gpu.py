@@ -22,7 +22,7 @@ import dataclasses
 import math
 
 from torch_mlir import ir
-from torch_mlir.dialects import llvm as llvm_dialect
+from torch_mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir
 
 from ..artifact import Kernel
 from ..errors import UnsupportedOpError
@@ -30,6 +30,7 @@ from ..mlir_support import create_value, describe, index_constant, int_constant,
 from .buffers import element_bytes
 from .loops import VIEWS, _new_loop, loop_bounds
 from .lower import LoweringState, clone_captured_constants
+from .math_ops import contract_float_arithmetic
 from .parallel import (Bounds, _captured, _describe, _find, _sink_views, outermost_parallel_loops, pack_slots, slot_types,
                        trips, unpack_slots)
 
@@ -596,5 +597,6 @@ def device_llvm_ir(device: ir.Module, target) -> str:
     gpu_module = device.body.operations[0]
     body = "\n".join(op.get_asm(enable_debug_info=False, assume_verified=True) for op in gpu_module.regions[0].blocks[0].operations)
     flat = ir.Module.parse("module {\n" + body + "\n}")
+    contract_float_arithmetic(flat)
     verify(flat, "translation of the kernels to LLVM IR")
-    return str(llvm_dialect.translate_module_to_llvmir(flat.operation))
+    return str(translate_module_to_llvmir(flat.operation))

@@ -196,12 +196,15 @@ def _hoist_between(first: ir.Operation, second: ir.Operation) -> bool:
 def copies_to_linalg(module: ir.Module) -> None:
     """Buffer copies bufferization inserts (`memref.copy`, a runtime call) become linalg copies:
     loops that run on the thread pool and can fuse with their neighbours."""
-    from torch_mlir.dialects import linalg
-
     for op in walk(module.operation):
         if op.name == "memref.copy":
+            source, dest = op.operands
             with ir.InsertionPoint(op), op.location:
-                linalg.copy(op.operands[0], outs=[op.operands[1]])
+                copy = ir.Operation.create("linalg.copy", operands=[source, dest], regions=1,
+                                           attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 1])})
+                body = copy.regions[0].blocks.append(ir.MemRefType(source.type).element_type, ir.MemRefType(dest.type).element_type)
+                with ir.InsertionPoint(body):
+                    ir.Operation.create("linalg.yield", operands=[body.arguments[0]])
             op.erase()
 
 

@@ -8,7 +8,7 @@ import dataclasses
 
 import numpy as np
 from torch_mlir import ir
-from torch_mlir.dialects import llvm as llvm_dialect
+from torch_mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir
 
 from ..artifact import ENTRY, GUARD, Deferred
 from ..bounded_dynamism import Signature
@@ -34,7 +34,7 @@ from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
 from .low_bit_floats import emulation_pipeline, expand_conversions, low_bit_types
 from .control_flow import remove_optimization_barriers
-from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, complex_extrema_lexicographic, integer_powers_as_products, keep_exp_vectorised,
+from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, contract_float_arithmetic, complex_extrema_lexicographic, integer_powers_as_products, exp_inline,
                        reciprocals_of_row_divisors)
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
@@ -174,7 +174,6 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         accumulate_in_registers(module)  # GPUs: the form cooperative reductions are recognised in
         if target.kind == "cpu":
             hoist_invariant_loads(module)
-            keep_exp_vectorised(module)
         integer_powers_as_products(module)
         reciprocals_of_row_divisors(module)
         if target.kind == "cpu":
@@ -210,15 +209,18 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
             run_pipeline(module, f"builtin.module({emulation_pipeline(low_bit)})", "8-, 6- and 4-bit floats in f32")
             expand_conversions(module)
             run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining their conversions")
+        if target.kind == "cpu":  # after the kernels' descriptions (they name exp, not its arithmetic)
+            exp_inline(module)
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         if device is not None:
             device_memory(module, constants, (GUARD_FUNCTION,))
         booleans_as_bytes(module)
+        contract_float_arithmetic(module)
         _check_only_llvm(module)
         _leave_straight_line_host_code(module, [entry_name] + ([GUARD_FUNCTION] if assertions else []))
         verify(module, "translation to LLVM IR")
-        llvm_ir = str(llvm_dialect.translate_module_to_llvmir(module.operation))
+        llvm_ir = str(translate_module_to_llvmir(module.operation))
         # the packed entry points artifacts are called through (docs/artifact.md)
         num_args = len(signature.args) + len(params)
         llvm_ir += _packed_entry(ENTRY, entry_name, num_args, len(signature.results))

@@ -389,10 +389,12 @@ static gpu_block *gpu_get(ral_gpu *g, size_t bytes, void *stream, CUresult *erro
   size_t size = gpu_bin_bytes(bin);
   pthread_mutex_lock(&g->alloc_lock);
   gpu_pool *pool = pool_of(g, stream);
-  gpu_block *b = pool ? pool->free_list[bin] : NULL;
+  int fit = bin, last = fit_last_class(bin, GPU_BINS);
+  while (pool && fit < last && !pool->free_list[fit]) fit++;
+  gpu_block *b = pool ? pool->free_list[fit] : NULL;
   if (b) {
-    pool->free_list[bin] = b->next_free;
-    g->stats.bytes_cached -= (int64_t)size;
+    pool->free_list[fit] = b->next_free;
+    g->stats.bytes_cached -= (int64_t)gpu_bin_bytes(fit);
     g->stats.cache_hits++;
     *error = CUDA_SUCCESS;
   } else if (pool && (b = calloc(1, sizeof *b))) {

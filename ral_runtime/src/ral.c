@@ -39,6 +39,8 @@ int size_class(size_t bytes, int min_shift, int bins) {
 
 size_t class_bytes(int bin, int min_shift) { return (size_t)(4 + bin % 4) << (bin / 4 + min_shift); }
 
+int fit_last_class(int bin, int bins) { return bin + 4 < bins ? bin + 4 : bins - 1; }
+
 /* ------------------------------------------------------------------------------------------ */
 /* caching allocator                                                                          */
 
@@ -63,10 +65,12 @@ static void *allocator_get(allocator *a, size_t bytes) {
   if (bin < 0) return NULL;
   size_t size = class_bytes(bin, RAL_MIN_SHIFT);
   pthread_mutex_lock(&a->lock);
-  block_header *h = a->free_list[bin];
+  int fit = bin, last = fit_last_class(bin, RAL_NUM_BINS);
+  while (fit < last && !a->free_list[fit]) fit++;
+  block_header *h = a->free_list[fit];
   if (h) {
-    a->free_list[bin] = h->next_free;
-    a->stats.bytes_cached -= (int64_t)size;
+    a->free_list[fit] = h->next_free;
+    a->stats.bytes_cached -= (int64_t)class_bytes(fit, RAL_MIN_SHIFT);
     a->stats.cache_hits++;
   }
   a->stats.allocations++;

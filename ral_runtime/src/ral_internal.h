@@ -62,6 +62,10 @@ RAL_INTERNAL void gpu_release_context(ral_context *ctx);
  * smallest 4 << min_shift bytes: the class of `bytes` (-1 past `bins` classes) and its capacity. */
 RAL_INTERNAL int size_class(size_t bytes, int min_shift, int bins);
 RAL_INTERNAL size_t class_bytes(int bin, int min_shift);
+/* A request of class `bin` takes a cached block of its class or of the next ones, up to this one
+ * (twice its capacity): a new shape's buffers reuse the memory other shapes' buffers gave back
+ * instead of faulting in fresh pages (an encoder's trace of 149 new shapes: 0.4 s of 3.5). */
+RAL_INTERNAL int fit_last_class(int bin, int bins);
 /* Frees the GPU's cached blocks (gpu.c). */
 RAL_INTERNAL void gpu_trim(ral_gpu *gpu);
 

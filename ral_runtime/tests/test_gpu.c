@@ -119,6 +119,11 @@ static void test_memory(ral_runtime *rt) {
   for (int i = 0; i < 7; i++) CHECK(ral_gpu_alloc(rt, sizes[i], &blocks[i]) == RAL_OK);
   for (int i = 0; i < 7; i++) ral_gpu_free(rt, blocks[i]);
   CHECK(gpu_stats(rt).bytes_cached == cached + (int64_t)classes);
+  /* a cached block of up to twice the request's class serves it: the 3 MiB one for 2 MiB */
+  allocs = fake_cuda_count("allocs");
+  CHECK(ral_gpu_alloc(rt, 2 << 20, &d3) == RAL_OK && d3 == blocks[6] && fake_cuda_count("allocs") == allocs);
+  ral_gpu_free(rt, d3);
+  CHECK(gpu_stats(rt).bytes_cached == cached + (int64_t)classes);
 }
 
 static void test_launch(ral_runtime *rt) {

@@ -48,6 +48,30 @@ static ral_memory_stats host_stats(ral_runtime *rt) {
   return st;
 }
 
+/* A request takes a cached block of its size class or of a larger one up to twice its class (a
+ * new shape's buffer reusing memory an earlier shape gave back), never a larger one. */
+static void test_allocator_fits_cached_blocks(void) {
+  ral_runtime *rt;
+  CHECK(ral_runtime_create(NULL, 1, &rt) == RAL_OK);
+  ral_context *ctx;
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  char *big = ral_alloc(ctx, 1 << 20);
+  CHECK(big != NULL);
+  ral_context_destroy(ctx);
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+  char *small = ral_alloc(ctx, 300000);     /* class 327680: the MiB block is more than twice that */
+  char *half = ral_alloc(ctx, (1 << 19) + 1); /* class 655360: the MiB block fits */
+  CHECK(small != NULL && small != big && half == big);
+  memset(half, 1, (1 << 19) + 1);
+  ral_context_destroy(ctx);
+  ral_memory_stats st = host_stats(rt);
+  CHECK(st.cache_hits == 1 && st.bytes_in_use == 0 && st.bytes_cached == (1 << 20) + 327680);
+  CHECK(ral_context_create(rt, &ctx) == RAL_OK); /* back in its own class: a MiB request takes it again */
+  CHECK(ral_alloc(ctx, 1 << 20) == big);
+  ral_context_destroy(ctx);
+  ral_runtime_destroy(rt);
+}
+
 /* Cached memory: size classes wasting under a quarter of a request, a limit past which a block
  * given back is freed, blocks idle past the idle time freed (by a pool worker while it waits),
  * and ral_runtime_trim. */
@@ -814,6 +838,7 @@ int main(int argc, char **argv) {
   test_allocator_reuse_and_take(rt);
   test_stats_off_until_enabled(rt); /* and on from here */
   test_cache_limits();
+  test_allocator_fits_cached_blocks();
   test_generated_code_hooks(rt);
   test_failures_end_the_call(rt);
   test_parallel_for(rt);

@@ -1,1 +1,0 @@
-"""No op classes: chlo ops are generic operations (see the package's docstring)."""
