@@ -4,7 +4,6 @@ object -> `.disc` file. MLIR and LLVM are loaded here, never on the run-time sid
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import sys
@@ -12,9 +11,9 @@ import tempfile
 from typing import Any, Sequence
 
 from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
-from . import artifact
+from . import artifact, cache
 from .passes.pipeline import compile_to_llvm
-from .runtime import RAL_LIBRARY, ral_library_dir
+from .runtime import ral_library_dir
 from .targets import Target, cuda, host_code_target, rocm
 from .targets.codegen import start_helper
 from .targets.x86 import emit_objects, link_shared_object
@@ -86,33 +85,10 @@ def cache_key(imported: Any, constraints: Sequence[str], tgt: Any, buffer_reuse:
     # from another call site (a later process, another test) would miss its entry
     for part in (imported.module.operation.get_asm(enable_debug_info=False), imported.entry, repr(imported.signature),
                  repr(imported.facts), repr(imported.checked), repr(tuple(constraints)), repr(buffer_reuse),
-                 repr(tgt), artifact.package_version(), weights_digest):
+                 repr(tgt), weights_digest):
         h.update(part.encode())
         h.update(b"\0")
     for p in imported.params:  # weights the frontend keeps out of the module (torch's)
         h.update(repr(p).encode() if isinstance(p, artifact.Deferred) else p.reshape(-1).view("u1"))
-    h.update(_ral_digest())
-    h.update(_compiler_digest())
+    h.update(cache.build_digest())
     return h.hexdigest()[:32]
-
-
-@functools.cache
-def _compiler_digest() -> bytes:
-    """The compiler's own sources (read once per process): a changed pass never reuses objects
-    an older build compiled, version number or not."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    return _digest(sorted(os.path.join(folder, f) for folder, _, files in os.walk(root) for f in files if f.endswith(".py")))
-
-
-@functools.cache
-def _ral_digest() -> bytes:
-    """The RAL build a cached object was linked against (read once per process)."""
-    return _digest([os.path.join(ral_library_dir(), RAL_LIBRARY)])
-
-
-def _digest(paths: list[str]) -> bytes:
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            h.update(os.path.basename(path).encode() + b"\0" + f.read())
-    return h.digest()

@@ -10,7 +10,7 @@ import os
 import tempfile
 from typing import Any, Callable, Sequence
 
-from . import artifact, worker
+from . import artifact, cache, worker
 from .runtime import Binding, CompiledFunction, Executable, default_runtime
 
 
@@ -31,7 +31,8 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     "cuda:<sm_XX>" (docs/gpu.md); default $DISC_TARGET, else "x86". `DISC_LOG=shapes` prints the
     shape report after compiling."""
     frontends = importlib.import_module(f"{__package__}.import")
-    worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
+    if not os.environ.get("DISC_CACHE_DIR"):  # with a cache, a hit needs no worker: it starts on a miss
+        worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
     source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
     return compile_source(source, binding, constraints, target, buffer_reuse)
 
@@ -43,16 +44,27 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
 
     With `DISC_CACHE_DIR` set, artifacts are kept there, keyed by the imported module, the
     constraints and options, the target, the package version and sources and the RAL build: a
-    later process loads the artifact instead of generating code (its `compile_count` is 0).
+    later process loads the artifact instead of generating code (its `compile_count` is 0), and
+    one that exports the same bytes with the same options loads it without starting the compiler
+    worker (`cache.py`).
     `progress` is told the name of each stage as it starts."""
     target = target or os.environ.get("DISC_TARGET", "x86")
-    if source.weights and os.environ.get("DISC_CACHE_DIR"):
+    cache_dir = os.environ.get("DISC_CACHE_DIR")
+    if source.weights and cache_dir:
         source = dataclasses.replace(source, weights_digest=_digest(source.weights))
+    key = cache.source_key(source, binding.to_json(), constraints, target, buffer_reuse) if cache_dir else None
+    path = cache.lookup(cache_dir, key) if cache_dir else None
+    if path is not None:  # this request compiled before: no worker
+        if source.kind == "torch":
+            os.unlink(source.payload)
+        return CompiledFunction(Executable(artifact.read(path, verify=True), default_runtime()), binding, compile_count=0)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         path, cached = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse,
                                       os.path.join(tmp, "compiled.disc"), progress)
         # mapped: the mapping outlives a temporary file; one this process has just completed needs no second checksum
         art = artifact.read(path, verify=cached)
+    if cache_dir:
+        cache.record(cache_dir, key, path)
     return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if cached else 1)
 
 

@@ -138,8 +138,10 @@ def test_the_cache_keeps_artifacts_not_pickles(tmp_path, monkeypatch):
     monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
     first, second = _compiled(), _compiled()
     assert (first.compile_count, second.compile_count) == (1, 0)
-    entries = os.listdir(tmp_path)
-    assert len(entries) == 1 and entries[0].endswith(".disc"), entries
+    entries = [e for e in os.listdir(tmp_path) if e.endswith(".disc")]
+    assert len(entries) == 1, os.listdir(tmp_path)
+    # each request (two call sites: two exports with different locations) names the one artifact
+    assert {(tmp_path / e).read_text() for e in os.listdir(tmp_path) if e.endswith(".source")} == set(entries)
     x, y = _inputs(3, 4)
     np.testing.assert_array_equal(disc.load(tmp_path / entries[0])(x, y), first(x, y))
 

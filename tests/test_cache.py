@@ -14,29 +14,47 @@ f = disc.compile('''func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
   return %0 : tensor<?x8xf32> }''', constraints=CONSTRAINTS)
 x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
 assert np.allclose(f(x), np.tanh(x), atol=1e-6)
-print(f.compile_count)
+from disc_stablehlo import worker
+print(worker._worker is not None, f.compile_count)
 """
 
 
-def _run(cache: str, constraints: list[str]) -> int:
+def _run(cache: str, constraints: list[str]) -> tuple[bool, int]:
+    """(whether the process started a compiler worker, the function's compile_count)."""
     env = dict(os.environ, DISC_CACHE_DIR=cache)
     proc = subprocess.run([sys.executable, "-c", SCRIPT.replace("CONSTRAINTS", repr(constraints))],
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return int(proc.stdout.strip().splitlines()[-1])
+    started, count = proc.stdout.strip().splitlines()[-1].split()
+    return started == "True", int(count)
 
 
-def test_second_process_loads_from_the_cache(tmp_path):
-    assert _run(str(tmp_path), []) == 1
-    assert _run(str(tmp_path), []) == 0
-    assert _run(str(tmp_path), ["arg0.0 >= 2"]) == 1  # other constraints: another entry
-    assert len([e for e in os.listdir(tmp_path) if not e.startswith("disc-")]) == 2
+def _entries(cache) -> list[str]:
+    return sorted(e.rsplit(".", 1)[1] for e in os.listdir(cache))
+
+
+def test_second_process_loads_from_the_cache_without_a_worker(tmp_path):
+    """A later process that sends the same request finds the artifact by the request's key
+    (the `.source` entry beside it) and starts no compiler worker."""
+    assert _run(str(tmp_path), []) == (True, 1)
+    assert _run(str(tmp_path), []) == (False, 0)
+    assert _run(str(tmp_path), ["arg0.0 >= 2"]) == (True, 1)  # other constraints: another entry
+    assert _entries(tmp_path) == ["disc", "disc", "source", "source"]
+
+
+def test_a_request_whose_artifact_is_gone_compiles_again(tmp_path):
+    assert _run(str(tmp_path), []) == (True, 1)
+    for e in os.listdir(tmp_path):
+        if e.endswith(".disc"):
+            os.unlink(tmp_path / e)
+    assert _run(str(tmp_path), []) == (True, 1)
+    assert _run(str(tmp_path), []) == (False, 0)
 
 
 def test_cache_folder_is_created(tmp_path):
     cache = tmp_path / "not" / "there" / "yet"
-    assert _run(str(cache), []) == 1
-    assert _run(str(cache), []) == 0
+    assert _run(str(cache), []) == (True, 1)
+    assert _run(str(cache), []) == (False, 0)
 
 
 def test_modules_that_differ_only_in_locations_share_an_entry(tmp_path, monkeypatch):
