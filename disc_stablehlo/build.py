@@ -16,7 +16,7 @@ from .passes.pipeline import compile_to_llvm
 from .runtime import ral_library_dir
 from .targets import Target, cuda, host_code_target, rocm
 from .targets.codegen import start_helper
-from .targets.x86 import emit_objects, link_shared_object
+from .targets.x86 import emit_objects, image_object, link_shared_object
 
 
 def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffer_reuse: bool, path: str,
@@ -32,16 +32,18 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(shapes.report(), file=sys.stderr)
     mlir_support.stage_listener("LLVM code generation")
-    llvm_ir, device = lowered.llvm_ir, {}
+    image_ir, device = None, {}
     kernel_names = [k.name for k in lowered.kernels]
-    if tgt.kind == "cuda":  # the kernels' PTX and cubin (or HSACO) become data of the host object
-        llvm_ir, ptx, cubin = cuda.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, kernel_names)
+    if tgt.kind == "cuda":  # the kernels' PTX and cubin (or HSACO) become data of an object of their own
+        image_ir, ptx, cubin = cuda.device_image(lowered.device_llvm_ir, tgt, kernel_names)
         device = {"ptx_bytes": len(ptx), "cubin_bytes": len(cubin or b"")}
     elif tgt.kind == "rocm":
-        llvm_ir, hsaco = rocm.with_device_image(llvm_ir, lowered.device_llvm_ir, tgt, kernel_names)
+        image_ir, hsaco = rocm.device_image(lowered.device_llvm_ir, tgt, kernel_names)
         device = {"hsaco_bytes": len(hsaco)}
     host = host_code_target(tgt)
-    objects, libmvec = emit_objects(llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
+    objects, libmvec = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
+    if image_ir is not None:
+        objects.append(image_object(image_ir, host))
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(objects, so_path, ral_library_dir(), libmvec)

@@ -23,7 +23,7 @@ import llvmlite.binding as llvm
 
 from ..errors import CompileError
 from . import Target
-from .cuda import embed_image
+from .cuda import image_module, optimise_device_module
 from .x86 import _classic_float_literals
 
 # ockl's work-group size and count of a dim, read from the HSA dispatch packet (work-group sizes:
@@ -159,11 +159,7 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
     tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.cpu, features=target.features, opt=3, reloc="pic")
     mod.triple = target.triple
     mod.data_layout = str(tm.target_data)
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
-    unused = llvm.create_new_module_pass_manager()
-    unused.add_global_dead_code_eliminate_pass()  # the library's functions no kernel calls, before O3 looks at them
-    unused.run(mod, pb)
-    pb.getModulePassManager().run(mod, pb)
+    optimise_device_module(mod, tm)
     obj = tm.emit_object(mod)
     with tempfile.TemporaryDirectory(prefix="disc-hsaco-") as tmp:
         src, out = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.hsaco")
@@ -176,8 +172,8 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
             return f.read()
 
 
-def with_device_image(host_ir: str, device_ir: str, target: Target, kernels: list[str]) -> tuple[str, bytes]:
-    """The kernels compiled, and the host code's LLVM IR with the accessors its launch code
-    declares defined (the code object and its size; no PTX); returns that IR and the code object."""
+def device_image(device_ir: str, target: Target, kernels: list[str]) -> tuple[str, bytes]:
+    """The kernels compiled: the image module (`cuda.image_module`: the code object, no PTX) and
+    the code object."""
     hsaco = emit_hsaco(device_ir, target, kernels)
-    return embed_image(host_ir, hsaco, None), hsaco
+    return image_module(hsaco, None), hsaco

@@ -94,6 +94,11 @@ def emit_objects(llvm_ir: str, target: Target, kernels: list[str]) -> tuple[list
         raise CompileError(f"LLVM rejected the generated IR: {e}") from None
 
 
+def image_object(image_ir: str, target: Target) -> bytes:
+    """The object of a GPU target's image module (`cuda.image_module`: data, no float literals)."""
+    return codegen.compile_part(image_ir, (target.triple, target.cpu, target.features, target.vector_bits))[0]
+
+
 def link_shared_object(objects: list[bytes], out_path: str, ral_dir: str, libmvec: bool) -> None:
     paths = [f"{out_path}.{i}.o" for i in range(len(objects))]
     for path, obj in zip(paths, objects):
