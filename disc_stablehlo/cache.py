@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from typing import Any, Sequence
 
 from . import artifact
@@ -64,7 +65,7 @@ def lookup(cache: str, key: str) -> str | None:
 def record(cache: str, key: str, path: str) -> None:
     """Records that the request key `key` compiled to the artifact `path` (in `cache`)."""
     index = _index(cache, key)
-    partial = f"{index}.{os.getpid()}.partial"
+    partial = f"{index}.{os.getpid()}.{threading.get_ident()}.partial"  # per process and thread: renamed into place
     with open(partial, "w") as f:
         f.write(os.path.basename(path))
     os.replace(partial, index)

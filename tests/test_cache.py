@@ -75,3 +75,27 @@ def test_modules_that_differ_only_in_locations_share_an_entry(tmp_path, monkeypa
     assert (first.compile_count, second.compile_count) == (1, 0)
     x = np.linspace(-1, 1, 40, dtype=np.float32).reshape(5, 8)
     np.testing.assert_allclose(second(x), np.tanh(x), rtol=1e-6)
+
+
+def test_threads_compiling_one_request_at_once_leave_one_entry(tmp_path, monkeypatch):
+    import threading
+
+    import disc_stablehlo as disc
+
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    text = """func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+      %0 = stablehlo.exponential %x : tensor<?x8xf32>
+      return %0 : tensor<?x8xf32> }"""
+    errors: list[BaseException] = []
+
+    def compile_once():
+        try:
+            disc.compile(text)
+        except BaseException as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=compile_once) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and _entries(tmp_path) == ["disc", "source"]
