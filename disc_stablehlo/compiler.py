@@ -52,14 +52,15 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
     cache_dir = os.environ.get("DISC_CACHE_DIR")
     if source.weights and cache_dir:
         source = dataclasses.replace(source, weights_digest=_digest(source.weights))
-    key = cache.source_key(source, binding.to_json(), constraints, target, buffer_reuse) if cache_dir else None
+    binding_json = binding.to_json()
+    key = cache.source_key(source, binding_json, constraints, target, buffer_reuse) if cache_dir else None
     path = cache.lookup(cache_dir, key) if cache_dir else None
     if path is not None:  # this request compiled before: no worker
         if source.kind == "torch":
             os.unlink(source.payload)
         return CompiledFunction(Executable(artifact.read(path, verify=True), default_runtime()), binding, compile_count=0)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        path, cached = worker.compile(source, binding.to_json(), tuple(constraints), target, buffer_reuse,
+        path, cached = worker.compile(source, binding_json, tuple(constraints), target, buffer_reuse,
                                       os.path.join(tmp, "compiled.disc"), progress)
         # mapped: the mapping outlives a temporary file; one this process has just completed needs no second checksum
         art = artifact.read(path, verify=cached)
