@@ -64,8 +64,8 @@ def _case(root: Path, b: int, s: int) -> str:
     return str(d)
 
 
-def _run(disc_run: str, artifact: Path, *cases: str, blas: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DISC_BLAS"}
+def _run(disc_run: str, artifact: Path, *cases: str, blas: bool = True, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("DISC_BLAS", "DISC_GEMM")} | env_vars
     cmd = [disc_run, str(artifact), *(["--blas", openblas_library()] if blas else []), *cases]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -78,8 +78,23 @@ def test_disc_run_matches_jax_at_every_shape(disc_run, saved, tmp_path):
     assert "f32[17, 16], f32[17]" in p.stdout
 
 
-def test_the_gemm_goes_through_blas(disc_run, saved, tmp_path):
-    p = _run(disc_run, saved, _case(tmp_path, 4, 2), blas=False)
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+def test_without_a_blas_the_gemm_runs_on_the_runtimes_kernel_or_fails_clearly(disc_run, saved, tmp_path):
+    """Single precision runs on the RAL's own kernel where the CPU has AVX2 and FMA and no AVX-512,
+    BLAS or not; DISC_GEMM=blas gives it to the BLAS, and without one the call fails with the
+    GEMM's name."""
+    case = _case(tmp_path, 4, 2)
+    p = _run(disc_run, saved, case, blas=False)
+    flags = _cpu_flags()
+    if {"avx2", "fma"} <= flags and "avx512f" not in flags:
+        assert p.returncode == 0 and "1 of 1 cases passed" in p.stdout, p.stdout + p.stderr
+    else:
+        assert p.returncode == 1 and "disc_ral_gemm_f32: no BLAS loaded" in p.stdout, p.stdout + p.stderr
+    p = _run(disc_run, saved, case, blas=False, DISC_GEMM="blas")
     assert p.returncode == 1 and "disc_ral_gemm_f32: no BLAS loaded" in p.stdout, p.stdout + p.stderr
 
 

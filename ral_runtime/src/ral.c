@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "ral/ral.h"
 #include "ral_internal.h"
+#include "packed_gemm.h"
 #include "small_gemm.h"
 
 #include <dlfcn.h>
@@ -306,7 +307,8 @@ struct ral_runtime {
   void *blas;
   sgemm_fn sgemm;
   dgemm_fn dgemm;
-  ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS does every product */
+  ral_sgemm_fn packed_sgemm;      /* NULL: the BLAS does single precision */
+  ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS (or packed_sgemm) does every product */
   int64_t l2_bytes;                /* one core's L2 cache */
   _Atomic(ral_gpu *) gpu;          /* NULL: no GPU enabled */
   atomic_int refs;                 /* the owner's, and one per device buffer exported (ral_gpu_dlpack) */
@@ -373,6 +375,9 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (mkl_threading) mkl_threading(1 /* MKL_THREADING_SEQUENTIAL */);
   }
   rt->small_sgemm = ral_small_sgemm_kernel();
+  /* DISC_GEMM=blas: the BLAS does single precision too (to compare the two) */
+  const char *gemm = getenv("DISC_GEMM");
+  rt->packed_sgemm = gemm && strcmp(gemm, "blas") == 0 ? NULL : ral_packed_sgemm_kernel();
   long l2 = -1;
 #ifdef _SC_LEVEL2_CACHE_SIZE /* glibc's; elsewhere the 1 MiB below */
   l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -821,6 +826,23 @@ typedef struct {
   atomic_llong epilogue_ns;
 } gemm_job;
 
+/* One block of a single-precision product, C = op(A) op(B) with the BLAS's row-major conventions:
+ * by the runtime's packed kernel where the CPU has one, else by the BLAS; one row by the BLAS
+ * where there is one (its GEMV streams B at 1 x 1024 x 1024 twice as fast as the kernel's tile,
+ * whose two sums per row are latency bound). */
+static void sgemm_block(const ral_runtime *rt, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                        const float *b, int64_t ldb, float *c, int64_t ldc) {
+  if (rt->packed_sgemm && (m > 1 || !rt->sgemm))
+    rt->packed_sgemm(m, n, k, a, ta == NO_TRANS ? lda : 1, ta == NO_TRANS ? 1 : lda, b, tb == NO_TRANS ? ldb : 1,
+                     tb == NO_TRANS ? 1 : ldb, c, ldc);
+  else
+    rt->sgemm(ROW_MAJOR, ta, tb, (int)m, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, c, (int)ldc);
+}
+
+static int runtime_has_gemm(const ral_runtime *rt, int is_double) {
+  return is_double ? rt->dgemm != NULL : rt->sgemm != NULL || rt->packed_sgemm != NULL;
+}
+
 #define RAL_GEMM_ROWS_MIN 32 /* rows per task: below this, BLAS kernels lose efficiency */
 #define RAL_GEMM_COLS_MIN 64 /* columns per task, when splitting columns */
 #define RAL_GEMM_COLS_ALIGN 16 /* column blocks start at multiples of this (a vector of floats) */
@@ -856,8 +878,8 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
       g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
                    (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->ldc);
     else
-      g->rt->sgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const float *)g->a + a_off, (int)g->lda,
-                   (const float *)g->b + b_off, (int)g->ldb, 0, (float *)g->c + c_off, (int)g->ldc);
+      sgemm_block(g->rt, g->ta, g->tb, rows, cols, g->k, (const float *)g->a + a_off, g->lda, (const float *)g->b + b_off,
+                  g->ldb, (float *)g->c + c_off, g->ldc);
     if (g->epilogue) { /* whole rows only: column blocks leave the epilogue to after the product */
       int64_t start = now_ns();
       g->epilogue(g->epilogue_data, batch * g->m + row0, batch * g->m + row0 + rows);
@@ -898,7 +920,7 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
                      int64_t sb_k, int64_t sb_n, int64_t rows, int64_t work) {
   ral_context *ctx = tls_context;
   char message[160];
-  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
+  if (!ctx || !runtime_has_gemm(ctx->rt, g->is_double)) {
     snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
     context_raise(ctx, RAL_ERR_UNAVAILABLE, message);
     return;
@@ -1118,8 +1140,8 @@ static void conv_slots(void *data, int64_t lo, int64_t hi) {
       g->rt->dgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)rows, (int)(p1 - p0), (int)g->k, 1, (const double *)g->w + row0 * g->k,
                    (int)g->k, b_ptr, (int)ldb, 0, (double *)g->y + c_off, (int)g->positions);
     else
-      g->rt->sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, (int)rows, (int)(p1 - p0), (int)g->k, 1, (const float *)g->w + row0 * g->k,
-                   (int)g->k, b_ptr, (int)ldb, 0, (float *)g->y + c_off, (int)g->positions);
+      sgemm_block(g->rt, NO_TRANS, NO_TRANS, rows, p1 - p0, g->k, (const float *)g->w + row0 * g->k, g->k, b_ptr, ldb,
+                  (float *)g->y + c_off, g->positions);
     if (g->epilogue) { /* the block's output rows (whole ones), feature by feature, while in cache */
       int64_t start = now_ns(), row = g->d[2].out, per_feature = g->positions / row;
       for (int64_t o = row0; o < row0 + rows; o++) {
@@ -1167,7 +1189,7 @@ static void conv_run(const void *key, const char *name, conv_job *g, int64_t x_c
     if (epilogue) disc_ral_parallel_for(epilogue, g->epilogue_data, rows, work);
     return;
   }
-  if (!ctx || !(g->is_double ? (void *)ctx->rt->dgemm : (void *)ctx->rt->sgemm)) {
+  if (!ctx || !runtime_has_gemm(ctx->rt, g->is_double)) {
     snprintf(message, sizeof message, "%s: no BLAS loaded in the runtime", name);
     context_raise(ctx, RAL_ERR_UNAVAILABLE, message);
     return;

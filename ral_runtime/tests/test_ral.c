@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "packed_gemm.h"
 #include "small_gemm.h"
 #include "check.h"
 
@@ -480,6 +481,54 @@ static void test_small_gemm_kernel(void) {
   }
 }
 
+/* The packed single-precision kernel, where this CPU has AVX2 and FMA: dims on either side of its
+ * tiles (6 x 16) and blocks (k 256, rows 144, columns 2048), A and B either way round, B read in
+ * place (few rows) and packed, C with a leading dim (past n untouched). Operands are allocated
+ * to their exact size, so the sanitizer builds catch a read past them. Small integers keep every
+ * sum exact. Run on a thread of its own too, whose panel buffer is freed when it ends. */
+static int packed_gemm_matches(ral_sgemm_fn kernel, int64_t m, int64_t n, int64_t k, int a_transposed, int b_transposed) {
+  int64_t ldc = n + 3, sa_m = a_transposed ? 1 : k, sa_k = a_transposed ? m : 1;
+  int64_t sb_k = b_transposed ? 1 : n, sb_n = b_transposed ? k : 1;
+  float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * ldc);
+  for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
+  for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
+  for (int64_t i = 0; i < m * ldc; i++) c[i] = 99;
+  kernel(m, n, k, a, sa_m, sa_k, b, sb_k, sb_n, c, ldc);
+  int ok = 1;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < ldc; j++) {
+      float ref = j < n ? 0 : 99;
+      for (int64_t x = 0; j < n && x < k; x++) ref += a[i * sa_m + x * sa_k] * b[x * sb_k + j * sb_n];
+      ok &= c[i * ldc + j] == ref;
+    }
+  free(a);
+  free(b);
+  free(c);
+  return ok;
+}
+
+static void *packed_gemm_on_thread(void *kernel) {
+  return (void *)(intptr_t)packed_gemm_matches((ral_sgemm_fn)kernel, 20, 33, 300, 0, 1);
+}
+
+static void test_packed_gemm_kernel(void) {
+  ral_sgemm_fn kernel = ral_packed_sgemm_avx2();
+  if (!kernel) {
+    printf("packed GEMM kernel: no AVX2 and FMA on this CPU, skipped\n");
+    return;
+  }
+  static const int64_t sizes[][3] = {{1, 1, 1},     {1, 16, 9},     {5, 17, 8},     {6, 16, 256}, {7, 33, 257},
+                                     {64, 48, 70},  {65, 48, 70},   {150, 31, 300}, {13, 2050, 5}, {70, 2064, 3},
+                                     {145, 16, 513}, {2, 4100, 2}};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+    for (int t = 0; t < 4; t++) CHECK(packed_gemm_matches(kernel, sizes[s][0], sizes[s][1], sizes[s][2], t & 1, t >> 1));
+  pthread_t thread;
+  void *ok = NULL;
+  CHECK(pthread_create(&thread, NULL, packed_gemm_on_thread, (void *)kernel) == 0);
+  pthread_join(thread, &ok);
+  CHECK(ok == (void *)1);
+}
+
 /* The FFT entry against a direct DFT in long double: lengths with factors of 4, 2, 3, 5 and small
  * primes, and with primes past the direct limit (Bluestein), every kind, 1-3 dims, float and
  * double, several lines per call. */
@@ -670,7 +719,15 @@ static void test_lapack(ral_runtime *rt, int have_blas) {
   ral_context_destroy(ctx);
 }
 
+/* Whether single-precision products run without a BLAS: on the runtime's own kernel, where the CPU
+ * has one and DISC_GEMM does not ask for the BLAS (ral_runtime_create). */
+static int sgemm_without_blas(void) {
+  const char *gemm = getenv("DISC_GEMM");
+  return ral_packed_sgemm_kernel() && !(gemm && strcmp(gemm, "blas") == 0);
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
+  int have_sgemm = have_blas || sgemm_without_blas();
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
   ral_context *prev = ral_context_enter(ctx);
@@ -679,7 +736,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   for (int i = 0; i < 24; i++) a[i] = (float)(i % 7) - 3;
   for (int i = 0; i < 40; i++) bt[i] = (float)(i % 5) * 0.5f;
   disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 1, 4, 1, bt, 0, 20, 1, 1, 4, c, 0, 15, 5);
-  if (have_blas) {
+  if (have_sgemm) {
     CHECK(ral_context_status(ctx) == RAL_OK);
     int ok = 1;
     for (int bi = 0; bi < 2; bi++)
@@ -693,7 +750,17 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   } else {
     CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
   }
-  if (have_blas) {
+  if (!have_blas) { /* double precision needs the BLAS */
+    ral_context *fresh;
+    CHECK(ral_context_create(rt, &fresh) == RAL_OK);
+    ral_context_enter(fresh);
+    double x = 1, y = 1, z = 0;
+    disc_ral_gemm_f64(1, 1, 1, 1, 1, &x, 0, 1, 1, 1, 1, &y, 0, 1, 1, 1, 1, &z, 0, 1, 1);
+    CHECK(ral_context_status(fresh) == RAL_ERR_UNAVAILABLE);
+    ral_context_enter(ctx);
+    ral_context_destroy(fresh);
+  }
+  if (have_sgemm) {
     CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
     /* few rows with B not transposed and larger than L2: the runtime's own kernel where the CPU
@@ -783,10 +850,11 @@ static int conv_rejected(ral_runtime *rt, int64_t x_c, int64_t in_c, int64_t str
 }
 
 static void test_conv(ral_runtime *rt, int have_blas) {
+  int have_sgemm = have_blas || sgemm_without_blas(); /* single precision only here */
   ral_context *ctx;
   CHECK(ral_context_create(rt, &ctx) == RAL_OK);
   ral_context *prev = ral_context_enter(ctx);
-  if (have_blas) {
+  if (have_sgemm) {
     ral_kernel_stat before;
     ral_kernel_stats((const void *)add_one, &before); /* the GEMM tests' epilogues count too */
     CHECK(conv_matches(ctx, 2, 3, 8, 9, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));          /* small: one thread */
@@ -850,6 +918,7 @@ int main(int argc, char **argv) {
   test_lapack(rt, blas != NULL);
   test_conv(rt, blas != NULL);
   test_small_gemm_kernel();
+  test_packed_gemm_kernel();
   ral_runtime_destroy(rt);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
