@@ -1,5 +1,6 @@
 """Fusion microbenchmarks: softmax, layer norm and a GELU chain, each compiled once with dynamic
-dims by disc_stablehlo and run at several shapes next to jax.jit; throughput in GB/s (each input
+dims by disc_stablehlo and run at several shapes next to jax.jit (softmax also over scores with
+every tenth column masked at -1e9); throughput in GB/s (each input
 read once and the output written once: what a fully fused kernel must move) against this
 machine's memory bandwidth, measured with numpy copies on the same threads (no peer's code).
 Both peers get 2 threads (the process is pinned to 2 cores) and their inputs in their own arrays
@@ -69,11 +70,14 @@ def main() -> None:
     print(f"machine load (1 min average) {machine_load()}; {THREADS} threads per peer")
     print(f"memory bandwidth (numpy copy of 256 MiB on {THREADS} threads, read + write): {bandwidth:.1f} GB/s\n")
     print(f"{'op':<12} {'shape':>12} {'disc GB/s':>10} {'jax GB/s':>10} {'disc % of bw':>13} {'disc kernels':>13}")
-    for name, fn in [("softmax", softmax), ("layer_norm", layer_norm), ("gelu_chain", gelu_chain)]:
+    # "masked": every tenth column at -1e9, as attention scores under a padding mask
+    for name, fn in [("softmax", softmax), ("masked", softmax), ("layer_norm", layer_norm), ("gelu_chain", gelu_chain)]:
         compiled = disc.compile(fn, spec)
         jitted = jax.jit(fn)
         for shape in SHAPES:
             x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            if name == "masked":
+                x[:, ::10] = -1e9
             moved = 2 * x.nbytes / 1e9
             gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, jax.device_put(x))
             print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")

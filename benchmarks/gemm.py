@@ -7,11 +7,12 @@
 - Each GEMM of the layer (hidden 256, 4 heads, FFN 1024) at (batch, seq) = (1, 32), (8, 128) and
   (16, 256), compiled once with dynamic dims: the runtime's own kernel (the default, where the CPU
   has AVX2 and FMA and no AVX-512), the same artifact on a runtime that gives single precision to
-  MKL (DISC_GEMM=blas), and torch.matmul. Best of 7 rounds of 5 calls, the peers alternating.
+  MKL (DISC_GEMM=blas), and torch.matmul. 20 rounds of 5 calls, the peers alternating; GFLOP/s of
+  the best round and of the median one (this VM's speed moves between rounds).
 - The whole layer at the same shapes, on both runtimes, alternating.
-Every peer on the same 2 threads.
+Every peer on the same threads: 2, or `--threads N`.
 
-    python benchmarks/gemm.py
+    python benchmarks/gemm.py [--threads N]
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import limit_threads, machine_load  # noqa: E402
 
-THREADS = 2
-limit_threads(THREADS)
+THREADS = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+limit_threads(THREADS)  # before any peer is imported
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -85,19 +86,18 @@ def blas_runtime_twin(f):
     return CompiledFunction(Executable(f._exe.artifact, runtime), f._binding, compile_count=0)
 
 
-def rounds(peers: dict, args: dict, n_rounds: int = 7, calls: int = 5) -> dict[str, float]:
-    """Best seconds per call of each peer, over rounds of `calls` back-to-back calls, the peers alternating."""
-    for name, fn in peers.items():
-        fn(*args[name])
-    best = dict.fromkeys(peers, float("inf"))
+def rounds(peers: dict, args: dict, n_rounds: int = 20, calls: int = 5) -> dict[str, tuple[float, float]]:
+    """Seconds per call of each peer (best round, median round), over rounds of `calls`
+    back-to-back calls, the peers alternating."""
+    times: dict[str, list[float]] = {name: [] for name in peers}
     for _ in range(n_rounds):
         for name, fn in peers.items():
             fn(*args[name])  # wakes this peer's threads
             t = time.perf_counter()
             for _ in range(calls):
                 fn(*args[name])
-            best[name] = min(best[name], (time.perf_counter() - t) / calls)
-    return best
+            times[name].append((time.perf_counter() - t) / calls)
+    return {name: (min(t), float(np.median(t))) for name, t in times.items()}
 
 
 def main() -> int:
@@ -120,15 +120,15 @@ def main() -> int:
         ops = [rng.standard_normal([sizes.get(x.strip(), 0) or int(x) for x in d.split(",")], dtype=np.float32) for d in dims]
         tops = [torch.from_numpy(o) for o in ops]
         t = rounds({"own": own, "mkl": blas, "torch": tfn}, {"own": ops, "mkl": ops, "torch": tops})
-        rates = {k: flops / v / 1e9 for k, v in t.items()}
-        print(f"{label:<36} {rates['own']:>8.0f} {rates['mkl']:>8.0f} {rates['torch']:>8.0f}"
-              + (f" {rates['own'] / peak:>8.0%}" if peak else ""))
+        rates = {k: (flops / best / 1e9, flops / median / 1e9) for k, (best, median) in t.items()}
+        print(f"{label:<36}" + "".join(f" {rates[k][0]:>5.0f} /{rates[k][1]:>4.0f}" for k in ("own", "mkl", "torch"))
+              + (f" {rates['own'][0] / peak:>8.0%}" if peak else ""))
         return rates
 
     n = 2048
-    print(f"\n{'GFLOP/s':<36} {'RAL own':>8} {'RAL MKL':>8} {'torch':>8}" + (f" {'own/peak':>8}" if peak else ""))
+    print(f"\n{'GFLOP/s, best / median':<36} {'RAL own':>11} {'RAL MKL':>11} {'torch':>11}" + (f" {'own/peak':>8}" if peak else ""))
     square = row(f"square {n}", lambda a, b: a @ b, torch.matmul, ["m, k", "k, n"], {"m": n, "k": n, "n": n}, 2 * n**3)
-    achievable = max(square["mkl"], square["torch"])
+    achievable = max(square["mkl"][0], square["torch"][0])
     h, heads, ffn = 256, 4, 1024
     dh = h // heads
     for b, s in [(1, 32), (8, 128), (16, 256)]:
@@ -145,14 +145,15 @@ def main() -> int:
     print(f"achievable SGEMM rate (best of MKL and torch.mm at {n}): {achievable:.0f} GFLOP/s"
           + (f" = {achievable / peak:.0%} of the FMA peak" if peak else ""))
 
-    print("\nencoder layer, best ms per call")
+    print("\nencoder layer, ms per call (best / median round)")
     params = encoder_params()
     own = disc.compile(encoder_layer, *encoder_specs(params))
     blas = blas_runtime_twin(own)
     for shape in [(1, 32), (8, 128), (16, 256)]:
         x, m = encoder_inputs(*shape)
         t = rounds({"own": own, "mkl": blas}, {"own": (x, m, params), "mkl": (x, m, params)})
-        print(f"{str(shape):<12} RAL own {t['own'] * 1e3:7.2f}   RAL MKL {t['mkl'] * 1e3:7.2f}   own/MKL {t['own'] / t['mkl']:.2f}")
+        print(f"{str(shape):<12} RAL own {t['own'][0] * 1e3:7.2f} / {t['own'][1] * 1e3:7.2f}   RAL MKL {t['mkl'][0] * 1e3:7.2f} / "
+              f"{t['mkl'][1] * 1e3:7.2f}   own/MKL {t['own'][0] / t['mkl'][0]:.2f} / {t['own'][1] / t['mkl'][1]:.2f}")
     print(f"machine load (1 min average) at the end {machine_load()}")
     return 0
 
