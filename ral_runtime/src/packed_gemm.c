@@ -11,8 +11,8 @@
  * sets: 32 x 1024 x 256 at 25 GFLOP/s, packed 58). A transposed B is packed through 8 x 8
  * register transposes. The tile is 6 x 16: 12 of the 16 registers hold C, two a row of B, one
  * the broadcast element; Zen 3's two FMA pipes with a latency of 4 need at least 8 independent
- * sums, so products of fewer than 4 rows are latency bound here (see ral.c: one row goes to the
- * BLAS's GEMV). */
+ * sums, so tiles of fewer than 4 rows are latency bound here: the last rows are split in two
+ * tiles of 4 to 6 where they can be, and a product of one row goes to the BLAS's GEMV (ral.c). */
 #include "packed_gemm.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -168,14 +168,16 @@ AVX2 static void packed_sgemm(int64_t m, int64_t n, int64_t k, const float *a, i
           int cols = nc - jr < NR ? (int)(nc - jr) : NR;
           const float *panel = panels ? panels + jr * kc : one;
           if (!panels) pack_panel(kc, cols, bk + jr * sb_n, sb_k, sb_n, one);
-          for (int64_t ir = 0; ir < mc; ir += MR) {
-            int rows = mc - ir < MR ? (int)(mc - ir) : MR;
+          for (int64_t ir = 0, rows; ir < mc; ir += rows) {
+            /* tiles of MR rows; the last MR + r (0 < r < MR) in two halves, not a tile of r: one of
+             * fewer than 4 rows has fewer than 8 sums in flight, and waits on the FMA latency */
+            rows = mc - ir >= 2 * MR || mc - ir <= MR ? (mc - ir < MR ? mc - ir : MR) : (mc - ir + 1) / 2;
             const float *at = ak + (ic + ir) * sa_m;
             float *ct = c + (ic + ir) * ldc + jc + jr;
             if (cols == NR)
               tiles[rows](kc, at, sa_m, sa_k, panel, ct, ldc, pc > 0);
             else
-              edge_tile(rows, cols, kc, at, sa_m, sa_k, panel, ct, ldc, pc > 0);
+              edge_tile((int)rows, cols, kc, at, sa_m, sa_k, panel, ct, ldc, pc > 0);
           }
         }
       }
