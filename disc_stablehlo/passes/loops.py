@@ -415,6 +415,9 @@ def _invariant_read(op: ir.Operation, loop: ir.Operation, written: set, moved: l
 VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
 
 COLUMN_VECTORS = 4  # vectors of columns per block of the column schedule (AVX-512: 64 f32, 256 bytes per row)
+# The "wide" column schedule: about WIDE_BLOCKS blocks of 4 to WIDE_VECTORS vectors, for loops that
+# read more than WIDE_BYTES (see schedule_column_reductions)
+WIDE_BLOCKS, WIDE_VECTORS, WIDE_BYTES = 4, 64, 10 << 20
 
 
 def _top_loops(module: ir.Module) -> list[ir.Operation]:
@@ -549,18 +552,25 @@ def _column_reduction(loop: ir.Operation) -> ir.Operation | None:
     return red if any(v == n for v in last) and not any(v == m for v in last) else None
 
 
-def _column_schedule(loop: ir.Operation, red: ir.Operation, columns_per_block: int) -> None:
+def _column_schedule(loop: ir.Operation, red: ir.Operation, vector: int, wide: bool) -> None:
     """parallel (..., n) { pre; for m { body }; post } ->
     parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }
-    (with `for m` a perfect nest of reduction loops, the column loop goes inside the innermost)"""
+    (with `for m` a perfect nest of reduction loops, the column loop goes inside the innermost);
+    blocks of COLUMN_VECTORS vectors, or `wide`: of the columns over WIDE_BLOCKS, rounded up to
+    whole vectors, from COLUMN_VECTORS to WIDE_VECTORS vectors (computed at run time)"""
     bounds = loop_bounds(loop)
     lb, ub, _ = bounds[-1]
     old = loop.regions[0].blocks[0]
     ops = [o.operation for o in old.operations][:-1]
     i = ops.index(red)
     with ir.InsertionPoint(loop), loop.location:
-        block = index_constant(columns_per_block)
-        count = _binary("arith.ceildivsi", _binary("arith.subi", ub, lb), block)
+        extent = _binary("arith.subi", ub, lb)
+        block = index_constant(COLUMN_VECTORS * vector)
+        if wide:
+            vectors = _binary("arith.ceildivsi", _binary("arith.ceildivsi", extent, index_constant(WIDE_BLOCKS)), index_constant(vector))
+            vectors = _binary("arith.minsi", _binary("arith.maxsi", vectors, index_constant(COLUMN_VECTORS)), index_constant(WIDE_VECTORS))
+            block = _binary("arith.muli", vectors, index_constant(vector))
+        count = _binary("arith.ceildivsi", extent, block)
         new, body = _new_loop(bounds[:-1] + [(index_constant(0), count, index_constant(1))])
     for a, b in zip(list(old.arguments)[:-1], list(body.arguments)[:-1]):
         a.replace_all_uses_with(b)
@@ -607,7 +617,13 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
     accumulating in the output row (which stays in L1). Host code runs the column version when
     the innermost extent is at least one vector wide (`vector`: f32 elements per vector of the
     target), the row version otherwise; each is its own kernel, so the statistics say which ran.
-    Runs before rows are collapsed. Returns the count."""
+    The column version comes in two: blocks of COLUMN_VECTORS vectors ("narrow": the block's
+    sums stay in registers), and, where the loop reads more than WIDE_BYTES (more than the caches
+    hold), blocks of about a WIDE_BLOCKS-th of the columns ("wide": each row is read in longer
+    runs, which memory streams faster; measured on this project's 2-core Zen 3, a column sum of
+    (8192, 1024): 7.5 -> 10.5 GB/s, of (2, 2048, 768) over the middle dim 9.4 -> 22.9, while on
+    inputs the caches hold the narrow blocks were as fast or faster). Runs before rows are
+    collapsed. Returns the count."""
     changed = 0
     for loop in _top_loops(module):
         red = _column_reduction(loop)
@@ -615,9 +631,19 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
             continue
         lb, ub, _ = loop_bounds(loop)[-1]
         with ir.InsertionPoint(loop), loop.location:
-            wide = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(vector))
-        _versions(loop, wide, ("column", "row"))
-        _column_schedule(loop, _column_reduction(loop), COLUMN_VECTORS * vector)
+            columns = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(vector))
+        _versions(loop, columns, ("column", "row"))
+        red_lb, red_ub, _ = loop_bounds(red)[0]
+        narrow = loop
+        if defined_outside(red_lb, loop) and defined_outside(red_ub, loop):
+            with ir.InsertionPoint(loop), loop.location:  # the elements read, counted as f32
+                elements = _binary("arith.subi", red_ub, red_lb)
+                for dim_lb, dim_ub, _ in loop_bounds(loop):
+                    elements = _binary("arith.muli", elements, _binary("arith.subi", dim_ub, dim_lb))
+                large = index_compare("sgt", elements, index_constant(WIDE_BYTES // 4))
+            narrow = _versions(loop, large, ("wide", "narrow"))
+            _column_schedule(loop, _column_reduction(loop), vector, wide=True)
+        _column_schedule(narrow, _column_reduction(narrow), vector, wide=False)
         changed += 1
     return changed
 
