@@ -86,7 +86,7 @@ def _cpu_flags() -> set[str]:
 def test_without_a_blas_the_gemm_runs_on_the_runtimes_kernel_or_fails_clearly(disc_run, saved, tmp_path):
     """Single precision runs on the RAL's own kernel where the CPU has AVX2 and FMA and no AVX-512,
     BLAS or not; DISC_GEMM=blas gives it to the BLAS, and without one the call fails with the
-    GEMM's name."""
+    GEMM's name; another DISC_GEMM value is refused when the runtime starts."""
     case = _case(tmp_path, 4, 2)
     p = _run(disc_run, saved, case, blas=False)
     flags = _cpu_flags()
@@ -96,6 +96,8 @@ def test_without_a_blas_the_gemm_runs_on_the_runtimes_kernel_or_fails_clearly(di
         assert p.returncode == 1 and "disc_ral_gemm_f32: no BLAS loaded" in p.stdout, p.stdout + p.stderr
     p = _run(disc_run, saved, case, blas=False, DISC_GEMM="blas")
     assert p.returncode == 1 and "disc_ral_gemm_f32: no BLAS loaded" in p.stdout, p.stdout + p.stderr
+    p = _run(disc_run, saved, case, DISC_GEMM="mkl")  # a value the runtime does not know
+    assert p.returncode == 2 and "DISC_GEMM is 'mkl'" in p.stderr, p.stdout + p.stderr
 
 
 def test_a_violated_constraint_fails_with_its_message(disc_run, saved, tmp_path):

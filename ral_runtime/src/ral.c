@@ -347,6 +347,12 @@ void *runtime_blas_symbol(const ral_runtime *rt, const char *name) {
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out) {
   *out = NULL;
   create_error[0] = 0;
+  /* DISC_GEMM=blas: the BLAS does single precision too (to compare the two); anything else is a mistake */
+  const char *gemm = getenv("DISC_GEMM");
+  if (gemm && gemm[0] && strcmp(gemm, "blas") != 0) {
+    runtime_error("DISC_GEMM is '%s': set it to 'blas' (single-precision GEMMs on the BLAS) or leave it unset", gemm);
+    return RAL_ERR_INVALID_ARGUMENT;
+  }
   ral_runtime *rt = calloc(1, sizeof(*rt));
   if (!rt) {
     runtime_error("out of memory creating the runtime");
@@ -375,9 +381,7 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
     if (mkl_threading) mkl_threading(1 /* MKL_THREADING_SEQUENTIAL */);
   }
   rt->small_sgemm = ral_small_sgemm_kernel();
-  /* DISC_GEMM=blas: the BLAS does single precision too (to compare the two) */
-  const char *gemm = getenv("DISC_GEMM");
-  rt->packed_sgemm = gemm && strcmp(gemm, "blas") == 0 ? NULL : ral_packed_sgemm_kernel();
+  rt->packed_sgemm = gemm && gemm[0] ? NULL : ral_packed_sgemm_kernel();
   long l2 = -1;
 #ifdef _SC_LEVEL2_CACHE_SIZE /* glibc's; elsewhere the 1 MiB below */
   l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);

@@ -723,7 +723,7 @@ static void test_lapack(ral_runtime *rt, int have_blas) {
  * has one and DISC_GEMM does not ask for the BLAS (ral_runtime_create). */
 static int sgemm_without_blas(void) {
   const char *gemm = getenv("DISC_GEMM");
-  return ral_packed_sgemm_kernel() && !(gemm && strcmp(gemm, "blas") == 0);
+  return ral_packed_sgemm_kernel() && !(gemm && gemm[0]);
 }
 
 static void test_gemm(ral_runtime *rt, int have_blas) {
@@ -901,6 +901,16 @@ int main(int argc, char **argv) {
   ral_runtime *rt;
   CHECK(ral_runtime_create("/nonexistent/libblas.so", 2, &rt) == RAL_ERR_UNAVAILABLE);
   CHECK(rt == NULL && strstr(ral_runtime_create_error(), "cannot load BLAS") != NULL);
+  const char *gemm = getenv("DISC_GEMM");
+  char *kept = gemm ? strdup(gemm) : NULL;
+  setenv("DISC_GEMM", "mkl", 1); /* a value the runtime does not know: refused, with its name */
+  CHECK(ral_runtime_create(blas, 1, &rt) == RAL_ERR_INVALID_ARGUMENT);
+  CHECK(rt == NULL && strstr(ral_runtime_create_error(), "DISC_GEMM is 'mkl'") != NULL);
+  if (kept)
+    setenv("DISC_GEMM", kept, 1);
+  else
+    unsetenv("DISC_GEMM");
+  free(kept);
   CHECK(ral_runtime_create(blas, 3, &rt) == RAL_OK);
   CHECK(ral_runtime_num_threads(rt) == 3);
   test_allocator_reuse_and_take(rt);

@@ -39,9 +39,11 @@ int ral_abi_version(void);
 typedef struct ral_runtime ral_runtime;
 typedef struct ral_context ral_context;
 
-/* Creates a runtime. blas_path may be NULL (GEMM calls then fail with RAL_ERR_UNAVAILABLE).
- * num_threads <= 0 uses every core the process may run on (its CPU affinity). On failure *out is NULL
- * and the status says why. */
+/* Creates a runtime. blas_path may be NULL (GEMM calls then fail with RAL_ERR_UNAVAILABLE, but
+ * for single precision on CPUs with the runtime's own kernel: AVX2 and FMA, no AVX-512).
+ * num_threads <= 0 uses every core the process may run on (its CPU affinity). The environment
+ * variable DISC_GEMM=blas gives single precision to the BLAS too; any other non-empty value is
+ * RAL_ERR_INVALID_ARGUMENT. On failure *out is NULL and the status says why. */
 ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtime **out);
 void ral_runtime_destroy(ral_runtime *rt);
 int ral_runtime_num_threads(const ral_runtime *rt);
