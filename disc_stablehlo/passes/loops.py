@@ -621,8 +621,8 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
     sums stay in registers), and, where the loop reads more than WIDE_BYTES (more than the caches
     hold), blocks of about a WIDE_BLOCKS-th of the columns ("wide": each row is read in longer
     runs, which memory streams faster; measured on this project's 2-core Zen 3, a column sum of
-    (8192, 1024): 7.5 -> 10.5 GB/s, of (2, 2048, 768) over the middle dim 9.4 -> 22.9, while on
-    inputs the caches hold the narrow blocks were as fast or faster). Runs before rows are
+    (8192, 1024): 7.0 -> 12.0 GB/s, of (2, 2048, 768) over the middle dim 11.4 -> 24.2, while on
+    inputs the caches hold the narrow blocks were as fast or faster: benchmarks/README.md). Runs before rows are
     collapsed. Returns the count."""
     changed = 0
     for loop in _top_loops(module):
