@@ -52,7 +52,7 @@ def c_tests() -> None:
                           check=True, capture_output=True, text=True).stdout.strip()
     for name, flags in [("asan", "-fsanitize=address,undefined"), ("tsan", "-fsanitize=thread")]:
         build = ROOT / "build" / f"ral-{name}"
-        run("cmake", "-S", ROOT / "ral_runtime", "-B", build, "-DCMAKE_BUILD_TYPE=Debug", f"-DCMAKE_C_FLAGS={flags} -fno-omit-frame-pointer")
+        run("cmake", "-S", ROOT / "ral_runtime", "-B", build, "-DCMAKE_BUILD_TYPE=Debug", "-DDISC_WERROR=ON", f"-DCMAKE_C_FLAGS={flags} -fno-omit-frame-pointer")
         run("cmake", "--build", build, "-j2")
         run(build / "test_ral", blas)
         run(build / "test_ral", blas, env=dict(os.environ, DISC_GEMM="blas"))  # single precision on the BLAS too

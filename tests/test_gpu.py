@@ -19,7 +19,7 @@ from test_jax_programs import CASES
 
 import disc_stablehlo as disc
 from disc_stablehlo import artifact
-from disc_stablehlo.passes.gpu import BLOCK, CHUNK, REDUCTION_BLOCK
+from disc_stablehlo.passes.gpu import BLOCK, CHUNK, COLUMN_GROUPS, LANES, REDUCTION_BLOCK, WARP, WARP_ROWS
 from disc_stablehlo.runtime import CompiledFunction, Executable, Runtime
 from disc_stablehlo.targets import cuda
 
@@ -132,16 +132,24 @@ class Launches:
             yield name.value.decode(), list(grid), list(block), list(params)[:n]
 
 
+def _lanes(inner: int) -> int:
+    """The threads of a per-element kernel along an innermost dim of `inner` iterations: tiles of
+    LANES threads (fewer where the dim is narrower), CHUNK iterations each."""
+    lanes = min(LANES, -(-inner // CHUNK))
+    return -(-inner // (lanes * CHUNK)) * lanes
+
+
 @pytest.mark.parametrize("target", ["cuda", "rocm:gfx942"])
 def test_host_code_launches_grids_computed_from_the_run_time_dims(target, fake_cuda, fake_hip, monkeypatch, tmp_path):
-    """A GEMM (through cuBLAS) and elementwise and reduction kernels after it, at three batch
+    """A GEMM (through cuBLAS) and elementwise and reduction kernels after it, at four batch
     sizes: one launch per kernel, one thread per CHUNK iterations of the loop's innermost dim (in
-    blocks of BLOCK; a block per row for the row sum), and the kernel parameters carry the
-    run-time dims."""
+    tiles of LANES threads, blocks of BLOCK; for the row sum a block per row, or on CUDA a warp per
+    row from WARP_ROWS rows; for the column mean a block per LANES columns), and the kernel
+    parameters carry the run-time dims."""
     b = jax.export.symbolic_shape("b")[0]
 
     def fn(x, w):
-        return jnp.tanh(x @ w) * 2 + x.sum(-1, keepdims=True)
+        return jnp.tanh(x @ w) * 2 + x.sum(-1, keepdims=True), x.mean(0)
 
     fake = fake_cuda if target == "cuda" else fake_hip
     f = _on_fake_gpu(disc.compile(fn, jax.ShapeDtypeStruct((b, 64), jnp.float32), jax.ShapeDtypeStruct((64, 32), jnp.float32),
@@ -149,18 +157,23 @@ def test_host_code_launches_grids_computed_from_the_run_time_dims(target, fake_c
     launches = Launches(fake)
     kinds = {k.name: k.kind for k in f.kernels}
     versions = {k.name: k.version for k in f.kernels}
-    assert "block per row" in versions.values()
-    for n in (1, 5, 1000):
+    rows = {"block per row", "warp per row"} if target == "cuda" else {"block per row"}  # CUDA: a version for many rows
+    assert rows | {"column tiles"} <= set(versions.values())
+    for n in (1, 5, 1000, WARP_ROWS + 5):
         launches.reset()
         f(np.ones((n, 64), np.float32), np.ones((64, 32), np.float32))
         seen = list(launches)
-        assert [kinds[name] for name, *_ in seen] == [k.kind for k in f.kernels]
+        assert [kinds[name] for name, *_ in seen] == [k.kind for k in f.kernels if k.version != "warp per row"]
         assert launches.count("gemms") == 1
         for name, grid, block, params in seen:
             if versions[name] == "block per row":  # the row sum: a block of threads per row
-                assert block == [REDUCTION_BLOCK, 1, 1] and grid == [n, 1, 1], (name, n)
-            else:  # a thread per CHUNK elements of the innermost dim: of the result, or of the rows
-                threads = n * -(-32 // CHUNK) if kinds[name] == "elementwise" else -(-n // CHUNK)
+                assert block == [REDUCTION_BLOCK, 1, 1] and grid == [n, 1, 1] and (n < WARP_ROWS or target != "cuda"), (name, n)
+            elif versions[name] == "warp per row":  # ... or a warp per row, BLOCK // WARP rows a block
+                assert block == [BLOCK, 1, 1] and grid == [-(-n * WARP // BLOCK), 1, 1] and n >= WARP_ROWS, (name, n)
+            elif versions[name] == "column tiles":  # the column mean: a block of COLUMN_GROUPS warps per LANES columns
+                assert block == [LANES * COLUMN_GROUPS, 1, 1] and grid == [64 // LANES, 1, 1], (name, n)
+            else:  # a thread per CHUNK elements of the innermost dim (of the result, or of the rows), in tiles of LANES threads
+                threads = n * _lanes(32) if kinds[name] == "elementwise" else _lanes(n)
                 assert block == [BLOCK, 1, 1] and grid == [-(-threads // BLOCK), 1, 1], (name, n)
             assert n in params, (name, n, params)  # the loop bound, a dim of a buffer
 
@@ -214,6 +227,32 @@ def test_a_failed_device_allocation_ends_the_call_and_the_next_call_works(fake_c
         exe.run([big, dw])  # the result is larger than any cached block: the driver is asked
     assert launches.count("gemms") == 0  # nothing ran after the failed allocation
     np.testing.assert_array_equal(f(x, w), x[:, ::-1])
+
+
+def test_a_reshape_to_sizes_the_host_computes_reads_them_on_the_host(fake_cuda, monkeypatch, tmp_path):
+    """A dynamic_reshape of an argument to sizes built from scalar arguments (a shape tensor only
+    the host code touches, on its stack): the host reads the sizes and passes them to the copy's
+    kernel as values. (The kernel used to rebuild the reshape and read the host's stack: an
+    illegal address on a GPU. A kernel that would read host memory is now a CompileError.)"""
+    program = """func.func public @main(%n: tensor<i64>, %m: tensor<i64>, %x: tensor<?x?x5x7xf32>) -> tensor<?x?x7xf32> {
+      %0 = stablehlo.convert %n : (tensor<i64>) -> tensor<i32>
+      %1 = stablehlo.reshape %0 : (tensor<i32>) -> tensor<1xi32>
+      %five = stablehlo.constant dense<5> : tensor<i64>
+      %m5 = stablehlo.multiply %m, %five : tensor<i64>
+      %2 = stablehlo.convert %m5 : (tensor<i64>) -> tensor<i32>
+      %3 = stablehlo.reshape %2 : (tensor<i32>) -> tensor<1xi32>
+      %4 = stablehlo.constant dense<7> : tensor<1xi32>
+      %5 = stablehlo.concatenate %1, %3, %4, dim = 0 : (tensor<1xi32>, tensor<1xi32>, tensor<1xi32>) -> tensor<3xi32>
+      %6 = stablehlo.dynamic_reshape %x, %5 : (tensor<?x?x5x7xf32>, tensor<3xi32>) -> tensor<?x?x7xf32>
+      return %6 : tensor<?x?x7xf32>
+    }"""
+    f = _on_fake_gpu(disc.compile(program, target="cuda"), fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    for n, m in ((2, 3), (3, 4)):
+        launches.reset()
+        f(np.int64(n), np.int64(m), np.ones((n, m, 5, 7), np.float32))
+        (_, _, _, params), = launches
+        assert n in params and 5 * m in params, params  # the result's sizes, as the host read them
 
 
 def test_a_reduction_to_a_scalar_is_a_kernel_not_host_reads(fake_cuda, monkeypatch, tmp_path):

@@ -1,8 +1,8 @@
 """GPU kernels from the parallel loops, and host code that launches them through the RAL.
 
 Each outermost `scf.parallel` nest becomes a kernel of the device module (`gpu.module
-@disc_kernels`): one thread per CHUNK consecutive iterations of its innermost dim, all dims
-flattened (the innermost varies fastest, so neighbouring threads touch neighbouring elements),
+@disc_kernels`): one thread per CHUNK iterations of its innermost dim (LANES apart, so that a
+warp's accesses are consecutive elements), all dims flattened (the innermost varies fastest),
 in a grid-stride loop; what the body loops over itself (a reduction's inner dims) runs in the
 thread. A body that works on rows along contiguous memory (reductions, softmax and layer norm
 fused into one loop) runs one block of threads per row instead (`_cooperative_rows`). The host
@@ -25,7 +25,7 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir
 
 from ..artifact import Kernel
-from ..errors import UnsupportedOpError
+from ..errors import CompileError, UnsupportedOpError
 from ..mlir_support import create_value, describe, index_constant, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
 from .buffers import element_bytes
 from .loops import VIEWS, _new_loop, loop_bounds
@@ -41,10 +41,11 @@ IMAGE, IMAGE_SIZE, PTX = "__disc_gpu_image", "__disc_gpu_image_size", "__disc_gp
 LAUNCH_SIGNATURE = "!llvm.ptr, i64, !llvm.ptr, !llvm.ptr, !llvm.ptr, i64, i64, i64"
 
 
-def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], ir.Module]:
+def outline_gpu_kernels(module: ir.Module, warps: bool) -> tuple[list[Kernel], ir.Module]:
     """Moves every outermost parallel loop of the module's functions into a kernel of a new
     device module (`gpu.module @disc_kernels` with the kernels and their bodies) and launches it
-    from where it was; returns what each kernel is and the device module."""
+    from where it was; returns what each kernel is and the device module. `warps`: rows also get
+    a version that runs a warp per row (CUDA)."""
     _one_thread(module)
     state = LoweringState(module)
     kernels: list[Kernel] = []
@@ -58,23 +59,43 @@ def outline_gpu_kernels(module: ir.Module) -> tuple[list[Kernel], ir.Module]:
         if captured is None:
             raise UnsupportedOpError(f"a loop captures a value GPU kernels cannot take as a parameter (a vector "
                                      f"scalar): {describe(op)}")
+        if any(isinstance(v.type, ir.MemRefType) and _host_memory(v) for v in captured):
+            raise CompileError(f"a GPU kernel would access the host's memory (a compiler bug): {describe(op)}")
         bounds = [tuple(_find(captured, v) for v in bound) for bound in loop_bounds(op)]
         kernel = _describe(op, captured, None)
         body, launch = state.fresh_symbol("gpu_body"), state.fresh_symbol("gpu_launch")
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured, attributes={"callee": ir.FlatSymbolRefAttr.get(launch)})
         func = _body_function(op, body, captured, module)
-        block = REDUCTION_BLOCK if _cooperative_rows(func) else 0
-        code = func.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True)
-        key = code.replace(f"@{body}(", "(", 1) + repr(bounds)
-        name = outlined.get(key)
-        if name is None:
-            name = outlined[key] = state.fresh_symbol("gpu")
-            device += [code, _kernel_text(name, body, captured, bounds, block)]
-        func.erase()
-        version = "block per row" if block else "one thread" if one_thread else ""
-        kernels.append(dataclasses.replace(kernel, name=name, version=version))
-        state.add_function(_launch_text(launch, name, captured, bounds, block))
+        # (schedule, body function): a row's work shared by a block, and, on CUDA, by a warp
+        # (chosen at run time from the rows: WARP_ROWS); columns' reductions shared by a block's
+        # row groups; else a thread per CHUNK iterations
+        bodies = [("element", func)]
+        if _row_phases(func) is not None:
+            bodies = [("block", func)]
+            if warps:
+                warp = func.clone(ip=ir.InsertionPoint(func))
+                warp.attributes["sym_name"] = ir.StringAttr.get(state.fresh_symbol("gpu_body"))
+                bodies.append(("warp", warp))
+            for schedule, f in bodies:
+                _cooperative_rows(f, _row_phases(f), schedule)
+        elif _column_phases(func) is not None:
+            bodies = [("column", func)]
+            _cooperative_columns(func, _column_phases(func))
+        codes = [f.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True) for _, f in bodies]
+        symbols = [ir.StringAttr(f.attributes["sym_name"]).value for _, f in bodies]
+        key = "".join(c.replace(f"@{n}(", "(", 1) for c, n in zip(codes, symbols)) + repr(bounds)
+        names = outlined.get(key)
+        if names is None:
+            names = outlined[key] = [state.fresh_symbol("gpu") for _ in bodies]
+            for name, code, symbol, (schedule, f) in zip(names, codes, symbols, bodies):
+                device += [code, _kernel_text(name, symbol, f, captured, bounds, schedule)]
+        for _, f in bodies:
+            f.erase()
+        for name, (schedule, _) in zip(names, bodies):
+            version = _VERSIONS.get(schedule, "one thread" if one_thread else "")
+            kernels.append(dataclasses.replace(kernel, name=name, version=version))
+        state.add_function(_launch_text(launch, [(name, schedule) for name, (schedule, _) in zip(names, bodies)], captured, bounds))
     text = f"module attributes {{gpu.container_module}} {{\ngpu.module @{DEVICE_MODULE} {{\n" + "\n".join(device) + "\n}\n}"
     return kernels, ir.Module.parse(text)
 
@@ -111,10 +132,13 @@ def _body_function(op: ir.Operation, name: str, captured: list[ir.Value], module
     return func
 
 
-def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds, block: int) -> str:
-    """The kernel: rebuild the captured values from the parameters, and run the body for each
-    flattened iteration of the grid-stride loop: one per thread, or (`block`: the body's
-    reductions are cooperative) one per block of `block` threads."""
+def _kernel_text(name: str, body: str, func: ir.Operation, captured: list[ir.Value], bounds: Bounds, schedule: str) -> str:
+    """The kernel: rebuild the captured values from the parameters, and run the body `func`
+    (named `body`) for each flattened iteration of the grid-stride loop, as `schedule` says: a
+    thread per CHUNK iterations ("element"); an iteration per block or warp ("block", "warp": the
+    body's reductions are a row's, cooperative); or, for a tile of LANES iterations per block
+    (the body's reductions are columns'), an iteration per lane with a row group per warp
+    ("column": the body takes the block's shared buffers after the captured values)."""
     types = slot_types(captured)
     lines, args = unpack_slots(captured, [f"%a{i}" for i in range(len(types))])
     constants = {i: int_constant(v) for i, v in enumerate(captured) if isinstance(v.type, ir.IndexType)}
@@ -124,15 +148,21 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
             args[i] = f"%k{i}"
     lines += ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", "%tid = gpu.thread_id x",
               "%bid = gpu.block_id x", "%bdim = gpu.block_dim x", "%gdim = gpu.grid_dim x"]
-    if block:  # all threads of a block run the same iteration
-        lines += ["%start = arith.addi %bid, %zero : index", "%stride = arith.addi %gdim, %zero : index"]
+    lines += ["%first = arith.muli %bid, %bdim : index", "%flat = arith.addi %first, %tid : index", "%all = arith.muli %gdim, %bdim : index"]
+    if schedule in _ROW_THREADS:  # the threads of a row (a block's, or a warp's) run the same iteration
+        lines += [f"%row_threads = arith.constant {_ROW_THREADS[schedule]} : index", "%start = arith.divui %flat, %row_threads : index",
+                  "%stride = arith.divui %all, %row_threads : index"]
+    elif schedule == "column":  # a block's iterations: a tile; a lane's: its place in the tile
+        lines += ["%start = arith.addi %bid, %zero : index", "%stride = arith.addi %gdim, %zero : index",
+                  f"%c_lanes = arith.constant {LANES} : index", "%column = arith.remui %tid, %c_lanes : index"]
     else:
-        lines += ["%first = arith.muli %bid, %bdim : index", "%start = arith.addi %first, %tid : index",
-                  "%stride = arith.muli %gdim, %bdim : index"]
-    total = _work_items(lines, bounds, block, lambda i: args[i])
-    signature = ", ".join(["index"] * len(bounds) + [str(v.type) for v in captured])
+        lines += ["%start = arith.addi %flat, %zero : index", "%stride = arith.addi %all, %zero : index"]
+    total = _work_items(lines, bounds, schedule, lambda i: args[i])
+    shared = [str(t) for t in ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs[len(bounds) + len(captured):]]
+    signature = ", ".join(["index"] * len(bounds) + [str(v.type) for v in captured] + shared)
+    extra = [f"%wg{i}" for i in range(len(shared))]
     last = len(bounds) - 1
-    sizes = [f"%all_pos{d}" for d in range(last)] + [f"%all_pos{last}" if block else "%chunks"]
+    sizes = [f"%all_pos{d}" for d in range(last)] + ["%chunks" if schedule == "element" else f"%all_pos{last}"]
 
     def loop(t: str, stem: str) -> list[str]:
         """The grid-stride loop with its index arithmetic in `t` (i32 or index): the dims of a
@@ -140,26 +170,39 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
         cast = (lambda v, to: f"arith.index_castui {v} : index to {to}") if t == "i32" else (lambda v, to: f"arith.addi {v}, %zero : index")
         out = [f"%{stem}start = {cast('%start', t)}", f"%{stem}stride = {cast('%stride', t)}", f"%{stem}total = {cast(total, t)}"]
         out += [f"%{stem}pos{d} = {cast(sizes[d], t)}" for d in range(1, len(bounds))]
+        if schedule == "element":
+            out.append(f"%{stem}lanes = {cast('%lanes', t)}")
         out.append(f"scf.for %{stem}i = %{stem}start to %{stem}total step %{stem}stride : {t} {{")
         rest, ivs = f"%{stem}i", []
+        if schedule == "column":  # the lane's iteration; past the last, the last again (the same values stored twice)
+            out += [f"%{stem}lanes = {cast('%c_lanes', t)}", f"%{stem}column = {cast('%column', t)}", f"%{stem}items = {cast('%all_trips' + str(last), t)}",
+                    f"%{stem}tile = arith.muli {rest}, %{stem}lanes : {t}", f"%{stem}item = arith.addi %{stem}tile, %{stem}column : {t}",
+                    f"%{stem}one = {cast('%one', t)}", f"%{stem}final = arith.subi %{stem}items, %{stem}one : {t}",
+                    f"%{stem}clamped = arith.minui %{stem}item, %{stem}final : {t}"]
+            rest = f"%{stem}clamped"
         for d in reversed(range(len(bounds))):
             lb, _, step = (args[k] for k in bounds[d])
             idx = rest
             if d > 0:
                 out += [f"%{stem}idx{d} = arith.remui {rest}, %{stem}pos{d} : {t}", f"%{stem}rest{d} = arith.divui {rest}, %{stem}pos{d} : {t}"]
                 idx, rest = f"%{stem}idx{d}", f"%{stem}rest{d}"
+            if d == last and schedule == "element":  # a lane of a tile of the innermost dim: its elements below
+                out += [f"%{stem}tat = arith.divui {idx}, %{stem}lanes : {t}", f"%{stem}tlane = arith.remui {idx}, %{stem}lanes : {t}"]
+                at, lane = f"%{stem}tat", f"%{stem}tlane"
+                if t == "i32":
+                    out += [f"%{stem}at = arith.index_castui {at} : i32 to index", f"%{stem}lane = arith.index_castui {lane} : i32 to index"]
+                    at, lane = f"%{stem}at", f"%{stem}lane"
+                out += [f"%{stem}tile = arith.muli {at}, %span : index", f"%{stem}first = arith.addi %{stem}tile, {lane} : index"]
+                continue
             if t == "i32":
                 out.append(f"%{stem}x{d} = arith.index_castui {idx} : i32 to index")
                 idx = f"%{stem}x{d}"
-            if d == last and not block:  # a chunk of the innermost dim: its elements below
-                out.append(f"%{stem}first = arith.muli {idx}, %c_chunk : index")
-                continue
             out += [f"%{stem}off{d} = arith.muli {idx}, {step} : index", f"%{stem}iv{d} = arith.addi {lb}, %{stem}off{d} : index"]
             ivs.insert(0, f"%{stem}iv{d}")
         def call(innermost: list[str]) -> str:
-            return f"func.call @{body}({', '.join(ivs + innermost + args)}) : ({signature}) -> ()"
+            return f"func.call @{body}({', '.join(ivs + innermost + args + extra)}) : ({signature}) -> ()"
 
-        if block:
+        if schedule != "element":
             return out + ["  " + call([]), "}"]
         lb, _, step = (args[k] for k in bounds[last])
         for k in range(CHUNK):  # the chunk's elements: the other dims' index arithmetic is shared
@@ -169,28 +212,52 @@ def _kernel_text(name: str, body: str, captured: list[ir.Value], bounds: Bounds,
         return out + ["}"]
 
     # the iterations' count decides (the same in every thread): 32-bit index arithmetic below 2^31
-    lines += [f"%chunk_at{k} = arith.constant {k} : index" for k in range(CHUNK)]
-    lines += [f"%limit = arith.constant {2**31 - 1} : index", f"%fits = arith.cmpi ule, {total}, %limit : index",
+    if schedule == "element":  # the elements of a lane: `%lanes` apart
+        for k in range(CHUNK):
+            lines += [f"%chunk_k{k} = arith.constant {k} : index", f"%chunk_at{k} = arith.muli %lanes, %chunk_k{k} : index"]
+    if schedule == "column":  # the tile's last lane's iteration
+        lines.append(f"%reach = arith.addi %all_trips{last}, %c_lanes : index")
+    lines += [f"%limit = arith.constant {2**31 - 1} : index", f"%fits = arith.cmpi ule, {'%reach' if schedule == 'column' else total}, %limit : index",
               "scf.if %fits {", *loop("i32", "n"), "} else {", *loop("index", "w"), "}", "gpu.return"]
     params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(types))
-    return f"gpu.func @{name}({params}) kernel {{\n  " + "\n  ".join(lines) + "\n}"
+    workgroup = f" workgroup({', '.join(f'%wg{i} : {t}' for i, t in enumerate(shared))})" if shared else ""
+    return f"gpu.func @{name}({params}){workgroup} kernel {{\n  " + "\n  ".join(lines) + "\n}"
 
 
-REDUCTION_BLOCK = 128  # threads that share a row of a cooperative reduction
-CHUNK = 4  # consecutive elements of the innermost dim a thread of a per-element kernel takes
+# a row's reduction: a block of REDUCTION_BLOCK threads per row, or (CUDA, WARP_ROWS rows or
+# more) a warp per row, BLOCK // WARP rows a block
+REDUCTION_BLOCK, WARP, WARP_ROWS = 128, 32, 1024
+_ROW_THREADS = {"block": REDUCTION_BLOCK, "warp": WARP}
+# columns' reductions: a block per tile of LANES columns, its COLUMN_GROUPS warps each taking every
+# COLUMN_GROUPS-th row, their parts combined through shared memory
+COLUMN_GROUPS = 16
+_VERSIONS = {"block": "block per row", "warp": "warp per row", "column": "column tiles"}
+# a per-element kernel: the innermost dim in tiles of up to LANES x CHUNK elements, a thread per
+# lane taking CHUNK elements LANES apart (a warp's loads and stores are consecutive elements)
+CHUNK, LANES = 4, 32
 
 
-def _work_items(lines: list[str], bounds: Bounds, block: int, value=lambda i: f"%v{i}") -> str:
+def _work_items(lines: list[str], bounds: Bounds, schedule: str, value=lambda i: f"%v{i}") -> str:
     """Appends the index arithmetic of the loop's work items (`%zero`, `%one` defined; `value`
-    names the captured value at a position) and returns their count: its iterations for a block
-    per iteration (`block`), else its iterations with the innermost dim in chunks of CHUNK."""
+    names the captured value at a position) and returns their count (`schedule`: see
+    `_kernel_text`): its iterations (a row each), its tiles of LANES iterations ("column"), or a
+    lane per CHUNK iterations of the innermost dim ("element": its tiles of `%span` = `%lanes` x
+    CHUNK iterations, `%lanes` = LANES or fewer where the dim is narrower)."""
     total = trips(lines, bounds, "all_", value)
-    if block:
+    if schedule in _ROW_THREADS:
         return total
+    if schedule == "column":
+        lines += [f"%tile_lanes = arith.constant {LANES} : index", f"%tiles = arith.ceildivui {total}, %tile_lanes : index"]
+        return "%tiles"
     last = len(bounds) - 1
-    lines += [f"%c_chunk = arith.constant {CHUNK} : index", f"%chunks = arith.ceildivui %all_pos{last}, %c_chunk : index",
+    lines += [f"%c_chunk = arith.constant {CHUNK} : index", f"%c_lanes = arith.constant {LANES} : index",
+              f"%per_lane = arith.ceildivui %all_pos{last}, %c_chunk : index", "%lanes = arith.minui %per_lane, %c_lanes : index",
+              "%span = arith.muli %lanes, %c_chunk : index", f"%tiles = arith.ceildivui %all_pos{last}, %span : index",
+              "%chunks = arith.muli %tiles, %lanes : index",
               f"%items = arith.muli {f'%all_trips{last - 1}' if last else '%one'}, %chunks : index"]
     return "%items"
+
+
 # a reduction's combining op -> gpu.all_reduce's name for it, and its identity ("lowest",
 # "highest": of the type)
 _COMBINERS = {"arith.addf": ("add", 0.0), "arith.mulf": ("mul", 1.0), "arith.maximumf": ("maximumf", "lowest"),
@@ -213,8 +280,7 @@ def _nested(loop: ir.Operation, names: tuple[str, ...]) -> bool:
 
 
 def _reduction(loop: ir.Operation) -> ir.Operation | None:
-    """The combining op of an scf.for along contiguous memory that folds one value (f32 or i32)
-    and writes nothing, or None."""
+    """The combining op of an scf.for that folds one value (f32 or i32) and writes nothing, or None."""
     if loop.name != "scf.for" or len(loop.results) != 1 or str(loop.results[0].type) not in ("f32", "i32"):
         return None
     body = loop.regions[0].blocks[0]
@@ -226,7 +292,7 @@ def _reduction(loop: ir.Operation) -> ir.Operation | None:
     uses = list(acc.uses)
     if combine.name not in _COMBINERS or len(uses) != 1 or operation(uses[0].owner) != combine:
         return None
-    return combine if _contiguous(loop) else None
+    return combine
 
 
 def _row_loop(loop: ir.Operation) -> bool:
@@ -237,36 +303,59 @@ def _row_loop(loop: ir.Operation) -> bool:
     return not _nested(loop, ("scf.for", "scf.parallel", "scf.while", "scf.if", "func.call")) and _contiguous(loop)
 
 
-def _cooperative_rows(func: ir.Operation) -> bool:
-    """Rewrites a body that works on one row (one iteration of the kernel's loop) along contiguous
-    memory, in phases (reductions, loops over the row's elements, stores of row values: a
-    softmax or a layer norm fused into one loop), so that a block of threads runs it: each
-    thread takes a strided part of each loop, `gpu.all_reduce` combines the parts of a
-    reduction, one thread stores the row's values, and a barrier ends each phase that writes
-    (later phases read what other threads wrote). Returns whether it did (otherwise the body is
-    left as it is: one thread per iteration)."""
-    block = func.regions[0].blocks[0]
-    ops = [o.operation for o in block.operations][:-1]  # without the return
-    combines = [_reduction(o) for o in ops]
-    kinds = ["reduce" if combine is not None else "loop" if _row_loop(o) else "store" if o.name == "memref.store"
+Phases = list[tuple[ir.Operation, str, "ir.Operation | None"]]
+
+
+def _phases(func: ir.Operation, contiguous: bool) -> Phases | None:
+    """Each op of the body with its kind: a reduction (with its combining op) along contiguous
+    memory (`contiguous`) or not; a loop over a row's elements (`contiguous` only); a store; an
+    op all threads run alike. None where the body is not made of these, or has no reduction or
+    loop."""
+    ops = [o.operation for o in func.regions[0].blocks[0].operations][:-1]  # without the return
+    combines = [_reduction(o) if _reduction(o) is not None and _contiguous(o) == contiguous else None for o in ops]
+    kinds = ["reduce" if combine is not None else "loop" if contiguous and _row_loop(o) else "store" if o.name == "memref.store"
              else "uniform" if o.name.startswith(_UNIFORM) else None for o, combine in zip(ops, combines)]
     if None in kinds or not {"reduce", "loop"} & set(kinds):
-        return False
+        return None
+    return list(zip(ops, kinds, combines))
+
+
+def _row_phases(func: ir.Operation) -> Phases | None:
+    """The phases of a body that works on one row (one iteration of the kernel's loop) along
+    contiguous memory (a softmax or a layer norm fused into one loop), or None (the body then
+    runs otherwise)."""
+    return _phases(func, contiguous=True)
+
+
+def _column_phases(func: ir.Operation) -> Phases | None:
+    """The phases of a body whose reductions run across rows (an iteration: a column's sums), or None."""
+    return _phases(func, contiguous=False)
+
+
+def _cooperative_rows(func: ir.Operation, phases: Phases, schedule: str) -> None:
+    """Rewrites a row's body (its `phases`) so that a block's or a warp's threads (`schedule`) run
+    it: each takes a strided part of each loop; the parts of a reduction are combined by
+    `gpu.all_reduce` (a block: shuffles and shared memory) or by shuffles alone (a warp); one
+    thread stores the row's values; and a barrier (a warp's: `__syncwarp`) ends each phase that
+    writes (later phases read what other threads wrote)."""
+    threads = _ROW_THREADS[schedule]
+    block = func.regions[0].blocks[0]
     index, i1 = ir.IndexType.get(), ir.IntegerType.get_signless(1)
     with ir.InsertionPoint.at_block_begin(block), ir.Location.unknown():
         tid = create_value("gpu.thread_id", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
-        threads = create_value("gpu.block_dim", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
+        width = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, threads))
+        lane = create_value("arith.remui", [tid, width], index)
         zero = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, 0))
-        first = create_value("arith.cmpi", [tid, zero], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+        first = create_value("arith.cmpi", [lane, zero], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
     ret = block.operations[len(block.operations) - 1]
-    for i, (o, kind, combine) in enumerate(zip(ops, kinds, combines)):
-        after = ops[i + 1] if i + 1 < len(ops) else ret
-        if kind in ("reduce", "loop"):  # each thread: iterations tid, tid + threads, ...
+    for i, (o, kind, combine) in enumerate(phases):
+        after = phases[i + 1][0] if i + 1 < len(phases) else ret
+        if kind in ("reduce", "loop"):  # each thread: iterations lane, lane + threads, ...
             n = 1 if o.name == "scf.for" else len(o.regions[0].blocks[0].arguments)
             with ir.InsertionPoint(o), o.location:
                 lb, step = o.operands[0], o.operands[2 * n]
-                o.operands[0] = create_value("arith.addi", [lb, create_value("arith.muli", [tid, step], index)], index)
-                o.operands[2 * n] = create_value("arith.muli", [step, threads], index)
+                o.operands[0] = create_value("arith.addi", [lb, create_value("arith.muli", [lane, step], index)], index)
+                o.operands[2 * n] = create_value("arith.muli", [step, width], index)
         if kind == "reduce":
             name, identity = _COMBINERS[combine.name]
             t, init = o.results[0].type, o.operands[3]
@@ -274,8 +363,11 @@ def _cooperative_rows(func: ir.Operation) -> bool:
                 o.operands[3] = _constant(t, identity)
             uses = [(u.owner, u.operand_number) for u in o.results[0].uses]
             with ir.InsertionPoint(after), o.location:
-                total = ir.Operation.create("gpu.all_reduce", results=[t], operands=[o.results[0]], regions=1, attributes={
-                    "op": ir.Attribute.parse(f"#gpu<all_reduce_op {name}>"), "uniform": ir.UnitAttr.get()}).result
+                if threads == WARP:
+                    total = _warp_reduce(o.results[0], combine.name)
+                else:
+                    total = ir.Operation.create("gpu.all_reduce", results=[t], operands=[o.results[0]], regions=1, attributes={
+                        "op": ir.Attribute.parse(f"#gpu<all_reduce_op {name}>"), "uniform": ir.UnitAttr.get()}).result
                 final = create_value(combine.name, [init, total], t)
             for owner, k in uses:
                 owner.operands[k] = final
@@ -288,8 +380,69 @@ def _cooperative_rows(func: ir.Operation) -> bool:
                 ir.Operation.create("scf.yield")
         if kind in ("loop", "store") and after != ret:  # what it wrote is read by other threads after it
             with ir.InsertionPoint(after), ir.Location.unknown():
-                ir.Operation.create("gpu.barrier")
-    return True
+                if threads == WARP:  # CUDA's __syncwarp (a warp's lanes, its memory ordered)
+                    i32 = ir.IntegerType.get_signless(32)
+                    ir.Operation.create("nvvm.bar.warp.sync", operands=[create_value("arith.constant", [], i32, value=ir.IntegerAttr.get(i32, -1))])
+                else:
+                    ir.Operation.create("gpu.barrier")
+
+
+def _cooperative_columns(func: ir.Operation, phases: Phases) -> None:
+    """Rewrites a body whose reductions run across rows (its `phases`) so that the COLUMN_GROUPS
+    warps of a block share each: warp g takes rows g, g + COLUMN_GROUPS, ...; the parts meet in a
+    buffer shared by the block (one per reduction, a parameter of the body after the captured
+    values), and each thread combines them in the same order, so every warp gets the same total
+    and stores the same values (the body's stores need no guard)."""
+    block = func.regions[0].blocks[0]
+    index = ir.IndexType.get()
+
+    def constant(n: int) -> ir.Value:
+        return create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, n))
+
+    with ir.InsertionPoint.at_block_begin(block), ir.Location.unknown():
+        tid = create_value("gpu.thread_id", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
+        lanes, groups = constant(LANES), constant(COLUMN_GROUPS)
+        lane, group = create_value("arith.remui", [tid, lanes], index), create_value("arith.divui", [tid, lanes], index)
+    workgroup = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    ops = [o for o, _, _ in phases] + [block.operations[len(block.operations) - 1]]
+    for i, (o, kind, combine) in enumerate(phases):
+        if kind != "reduce":
+            continue
+        t, init = o.results[0].type, o.operands[3]
+        shared = block.add_argument(ir.MemRefType.get([LANES * COLUMN_GROUPS], t, memory_space=workgroup), ir.Location.unknown())
+        with ir.InsertionPoint(o), o.location:
+            lb, step = o.operands[0], o.operands[2]
+            o.operands[0] = create_value("arith.addi", [lb, create_value("arith.muli", [group, step], index)], index)
+            o.operands[2] = create_value("arith.muli", [step, groups], index)
+            o.operands[3] = _constant(t, _COMBINERS[combine.name][1])
+        uses = [(u.owner, u.operand_number) for u in o.results[0].uses]
+        with ir.InsertionPoint(ops[i + 1]), o.location:
+            slot = create_value("arith.addi", [create_value("arith.muli", [group, lanes], index), lane], index)
+            ir.Operation.create("memref.store", operands=[o.results[0], shared, slot])
+            ir.Operation.create("gpu.barrier")
+            total = None
+            for g in range(COLUMN_GROUPS):
+                part = create_value("memref.load", [shared, create_value("arith.addi", [constant(g * LANES), lane], index)], t)
+                total = part if total is None else create_value(combine.name, [total, part], t)
+            ir.Operation.create("gpu.barrier")  # the buffer is the next tile's
+            final = create_value(combine.name, [init, total], t)
+        for owner, k in uses:
+            owner.operands[k] = final
+    func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in block.arguments], []))
+
+
+def _warp_reduce(value: ir.Value, combine: str) -> ir.Value:
+    """`value` combined over the lanes of a warp (a butterfly of xor shuffles: every lane gets the total)."""
+    i32 = ir.IntegerType.get_signless(32)
+    width = create_value("arith.constant", [], i32, value=ir.IntegerAttr.get(i32, WARP))
+    step = WARP // 2
+    while step:
+        offset = create_value("arith.constant", [], i32, value=ir.IntegerAttr.get(i32, step))
+        other = ir.Operation.create("gpu.shuffle", results=[value.type, ir.IntegerType.get_signless(1)],
+                                    operands=[value, offset, width], attributes={"mode": ir.Attribute.parse("#gpu<shuffle_mode xor>")})
+        value = create_value(combine, [value, other.results[0]], value.type)
+        step //= 2
+    return value
 
 
 def _constant(t: ir.Type, value) -> ir.Value:
@@ -300,27 +453,35 @@ def _constant(t: ir.Type, value) -> ir.Value:
     return create_value("arith.constant", [], t, value=ir.IntegerAttr.get(t, v))
 
 
-def _launch_text(name: str, kernel: str, captured: list[ir.Value], bounds: Bounds, block: int) -> str:
-    """The host side: pack the captured values and launch one thread per work item, or one
-    block of `block` threads per iteration."""
+def _launch_text(name: str, versions: list[tuple[str, str]], captured: list[ir.Value], bounds: Bounds) -> str:
+    """The host side: pack the captured values and launch the kernel (its name and schedule, as
+    `_kernel_text` says) with the threads its work items need: of a row kernel's two versions,
+    the warp's where there are WARP_ROWS rows or more, else the block's."""
     lines = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", *pack_slots(captured)]
-    total = _work_items(lines, bounds, block)
-    if block:
-        lines.append(f"%blocks = arith.muli {total}, %c_block : index")
-        lines.insert(0, f"%c_block = arith.constant {block} : index")
-        total = "%blocks"
-    lines += [f"%threads = arith.index_cast {total} : index to i64",
-              f"%image = func.call @{IMAGE}() : () -> !llvm.ptr", f"%size = func.call @{IMAGE_SIZE}() : () -> i64",
-              f"%ptx = func.call @{PTX}() : () -> !llvm.ptr", f"%name = llvm.mlir.addressof @{kernel}_name : !llvm.ptr",
-              f"%slots = llvm.mlir.constant({len(slot_types(captured))} : i64) : i64",
-              f"%block = llvm.mlir.constant({block or BLOCK} : i64) : i64",
-              f"func.call @disc_ral_gpu_launch(%image, %size, %ptx, %name, %buf, %slots, %threads, %block) : ({LAUNCH_SIGNATURE}) -> ()",
-              "llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
+    total = _work_items(lines, bounds, versions[0][1])
+    lines += [f"%image = func.call @{IMAGE}() : () -> !llvm.ptr", f"%size = func.call @{IMAGE_SIZE}() : () -> i64",
+              f"%ptx = func.call @{PTX}() : () -> !llvm.ptr", f"%slots = llvm.mlir.constant({len(slot_types(captured))} : i64) : i64"]
+
+    def launch(k: int, kernel: str, schedule: str) -> list[str]:
+        # threads per work item, and per block
+        per_item, block = {"block": (REDUCTION_BLOCK, REDUCTION_BLOCK), "warp": (WARP, BLOCK),
+                           "column": (LANES * COLUMN_GROUPS, LANES * COLUMN_GROUPS)}.get(schedule, (1, BLOCK))
+        return [f"%per_item{k} = arith.constant {per_item} : index", f"%all{k} = arith.muli {total}, %per_item{k} : index",
+                f"%threads{k} = arith.index_cast %all{k} : index to i64", f"%name{k} = llvm.mlir.addressof @{kernel}_name : !llvm.ptr",
+                f"%block{k} = llvm.mlir.constant({block} : i64) : i64",
+                f"func.call @disc_ral_gpu_launch(%image, %size, %ptx, %name{k}, %buf, %slots, %threads{k}, %block{k}) : ({LAUNCH_SIGNATURE}) -> ()"]
+
+    if len(versions) == 1:
+        lines += launch(0, *versions[0])
+    else:
+        lines += [f"%warp_rows = arith.constant {WARP_ROWS} : index", f"%many = arith.cmpi uge, {total}, %warp_rows : index",
+                  "scf.if %many {", *launch(1, *versions[1]), "} else {", *launch(0, *versions[0]), "}"]
+    lines += ["llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
     params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
     return "\n".join([
         f"func.func private @{IMAGE}() -> !llvm.ptr", f"func.func private @{IMAGE_SIZE}() -> i64",
         f"func.func private @{PTX}() -> !llvm.ptr", f"func.func private @disc_ral_gpu_launch({LAUNCH_SIGNATURE})",
-        f'llvm.mlir.global private constant @{kernel}_name("{kernel}\\00") {{addr_space = 0 : i32}}',
+        *[f'llvm.mlir.global private constant @{kernel}_name("{kernel}\\00") {{addr_space = 0 : i32}}' for kernel, _ in versions],
         f"func.func private @{name}({params}) {{\n  " + "\n  ".join(lines) + "\n}"])
 
 
@@ -360,9 +521,46 @@ def _one_thread(module: ir.Module) -> None:
         op.move_before(list(body.operations)[-1])
 
 
+def reshapes_with_host_sizes(module: ir.Module) -> None:
+    """Each `memref.reshape` of the host code reads its sizes from its shape buffer where it
+    stands (loads: of the host's stack, or through the RAL when the buffer is device memory)
+    and becomes a `memref.reinterpret_cast` with those sizes: the reshape itself may be rebuilt
+    inside a kernel, which must not read the shape buffer (its memory may be the host's)."""
+    index = ir.IndexType.get()
+    dynamic = ir.ShapedType.get_dynamic_size()
+    for op in [op for op in walk(module.operation) if op.name == "memref.reshape"]:
+        source, shape = op.operands
+        mt = ir.MemRefType(op.result.type)
+        with ir.InsertionPoint(op), op.location:
+            sizes: list[int | ir.Value] = []  # static, or the value loaded
+            for d, static in enumerate(mt.shape):
+                if static != dynamic:
+                    sizes.append(static)
+                    continue
+                size = create_value("memref.load", [shape, index_constant(d)], ir.MemRefType(shape.type).element_type)
+                sizes.append(size if isinstance(size.type, ir.IndexType) else create_value("arith.index_cast", [size], index))
+            strides: list[int | ir.Value] = [1]
+            for size in reversed(sizes[1:]):
+                inner = strides[0]
+                if isinstance(inner, int) and isinstance(size, int):
+                    strides.insert(0, inner * size)
+                else:
+                    as_value = [index_constant(v) if isinstance(v, int) else v for v in (inner, size)]
+                    strides.insert(0, create_value("arith.muli", as_value, index))
+            values = [v for v in sizes + strides if not isinstance(v, int)]
+            cast = ir.Operation.create("memref.reinterpret_cast", results=[mt], operands=[source, *values], attributes={
+                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 0, sum(not isinstance(v, int) for v in sizes),
+                                                                 sum(not isinstance(v, int) for v in strides)]),
+                "static_offsets": ir.DenseI64ArrayAttr.get([0]),
+                "static_sizes": ir.DenseI64ArrayAttr.get([v if isinstance(v, int) else dynamic for v in sizes]),
+                "static_strides": ir.DenseI64ArrayAttr.get([v if isinstance(v, int) else dynamic for v in strides])})
+        op.result.replace_all_uses_with(cast.result)
+        op.erase()
+
+
 def host_buffers(module: ir.Module) -> None:
     """Before buffers are planned: small buffers of static shape that only the host code reads
-    and writes (a reshape's shape operand, built from dims) become stack buffers of the host;
+    and writes (a reshape's shape, built from dims: `reshapes_with_host_sizes`) become stack buffers of the host;
     constant globals that the kernels or library calls read are copied to the device (their
     symbols get `DEVICE_COPY`), the others stay in host memory."""
     for op in [op for op in walk(module.operation) if op.name == "memref.alloc"]:
@@ -386,7 +584,7 @@ def _host_only(op: ir.Operation) -> bool:
     """Whether the buffer `op` creates is only read or written by the host code itself."""
     for use in op.result.uses:
         o, n = use.owner, use.operand_number
-        if o.name == "memref.dealloc" or (o.name == "memref.reshape" and n == 1):
+        if o.name == "memref.dealloc":
             continue
         if not (o.name == "memref.load" or (o.name == "memref.store" and n == 1)) or nested_in(o, "scf.parallel") or _marked(o):
             return False
@@ -435,7 +633,7 @@ def host_memory_through_the_ral(module: ir.Module, host_only: tuple[str, ...]) -
                 and not _host_memory(op.operands[1 if op.name == "memref.store" else 0])]
     for op in accesses:
         _through_the_ral(op)
-    left = [op for op in walk(module.operation) if op.name in ("memref.copy", "memref.atomic_rmw", "memref.generic_atomic_rmw")
+    left = [op for op in walk(module.operation) if op.name in ("memref.copy", "memref.atomic_rmw", "memref.generic_atomic_rmw", "memref.reshape")
             or op.name.startswith(("linalg.", "vector."))]
     if left:
         raise UnsupportedOpError(f"the host code would access device memory: {describe(left[0])}")

@@ -39,7 +39,8 @@ from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, contract_float_ar
 from .shape_dialect import resolve_ranked_shapes
 from .signless import booleans_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
-from .gpu import device_llvm_ir, device_memory, host_buffers, host_memory_through_the_ral, mark_serial_loops, outline_gpu_kernels
+from .gpu import (device_llvm_ir, device_memory, host_buffers, host_memory_through_the_ral, mark_serial_loops, outline_gpu_kernels,
+                  reshapes_with_host_sizes)
 from .parameters import hoist_parameters
 from ..ops import DIALECTS_LEFT_TO_UPSTREAM
 from ..targets import Target
@@ -181,6 +182,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
             version_broadcasts(module)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
         if target.kind != "cpu":
+            reshapes_with_host_sizes(module)
             mark_serial_loops(module, (GUARD_FUNCTION,))
             host_buffers(module)
         # 10. buffers freed after their last use, shared when of equal size, placed in an arena when bounded
@@ -199,7 +201,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         else:  # copies buffer deallocation added become loops too
             copies_to_linalg(module)
             run_pipeline(module, f"builtin.module({TO_LOOPS})", "copies to loops")
-            kernels, device = outline_gpu_kernels(module)
+            kernels, device = outline_gpu_kernels(module, warps=target.kind == "cuda")
             constants = host_memory_through_the_ral(module, (GUARD_FUNCTION,))
         shapes.uses += [f"{k.name} ({k.kind}) relies on {', '.join(k.relies_on)}" for k in kernels if k.relies_on]
         run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining parallel loop bodies")

@@ -99,6 +99,10 @@ static fft_plan *plan_build(int64_t n) {
   int64_t largest = p->num_factors ? p->factors[p->num_factors - 1] : 1;
   if (largest > MAX_DIRECT_PRIME) {
     int64_t m = smooth_length(2 * n - 1);
+    if (m > INT64_MAX / (int64_t)sizeof(cplx)) { /* no such length fits in memory */
+      plan_free(p);
+      return NULL;
+    }
     p->num_factors = 0;
     p->conv = plan_build(m);
     p->chirp = malloc(sizeof(cplx) * (size_t)n);
