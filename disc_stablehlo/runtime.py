@@ -342,20 +342,20 @@ class PackedFunction:
         self.ranks = list(result_ranks)
         self.starts = np.cumsum([0] + [3 + 2 * r for r in self.ranks]).tolist()
 
-    def __call__(self, ctx: ctypes.c_void_p, args: int) -> list[np.ndarray]:
+    def __call__(self, ctx: ctypes.c_void_p, args: int) -> list[list[int]]:
         """`ctx`: the current context; `args`: the address of the argument pointers
         (`descriptors`). Each result's descriptor words; the context's status says whether the
         call failed."""
-        words = np.zeros(max(1, self.starts[-1]), np.int64)
-        ral().ral_context_call(ctx, self.address, args, words.ctypes.data)
+        words = (ctypes.c_int64 * max(1, self.starts[-1]))()
+        ral().ral_context_call(ctx, self.address, args, ctypes.addressof(words))
         return [words[a:b] for a, b in zip(self.starts, self.starts[1:])]
 
 
-def descriptors(arrays: Sequence[np.ndarray | DeviceArray]) -> tuple[np.ndarray, int]:
+def descriptors(arrays: Sequence[np.ndarray | DeviceArray]) -> tuple[ctypes.Array, int]:
     """The arrays' memref descriptors laid out in one int64 buffer (allocated and aligned
     pointer, offset 0, sizes, strides in elements) followed by a pointer to each; returns the
-    buffer and the address of the pointers, valid while the buffer lives. (One numpy buffer:
-    building ctypes structures per argument costs several microseconds each.)"""
+    buffer and the address of the pointers, valid while the buffer lives. (One buffer: building
+    ctypes structures per argument costs several microseconds each.)"""
     words, starts = [], []
     for a in arrays:
         starts.append(len(words))
@@ -364,19 +364,18 @@ def descriptors(arrays: Sequence[np.ndarray | DeviceArray]) -> tuple[np.ndarray,
             continue
         address = a.__array_interface__["data"][0]
         words += [address, address, 0, *a.shape, *(s // a.itemsize for s in a.strides)]
-    n = len(words)
-    buffer = np.array(words + [0] * len(starts), dtype=np.int64)
-    base = buffer.ctypes.data
-    buffer[n:] = [base + 8 * i for i in starts]
-    return buffer, base + 8 * n
+    buffer = (ctypes.c_int64 * (len(words) + len(starts)))()
+    base = ctypes.addressof(buffer)
+    buffer[:] = words + [base + 8 * i for i in starts]
+    return buffer, base + 8 * len(words)
 
 
-def _layout(desc: np.ndarray, dtype: np.dtype, rank: int) -> tuple[int, int, tuple[int, ...], tuple[int, ...], int]:
+def _layout(desc: list[int], dtype: np.dtype, rank: int) -> tuple[int, int, tuple[int, ...], tuple[int, ...], int]:
     """A result descriptor's allocated pointer, the address of its first element, its shape, its
     strides in bytes, and the bytes from its first element to the end of its last (0: empty)."""
-    allocated, aligned, offset = (int(w) for w in desc[:3])
-    shape = tuple(int(n) for n in desc[3:3 + rank])
-    strides = tuple(int(s) * dtype.itemsize for s in desc[3 + rank:3 + 2 * rank])
+    allocated, aligned, offset = desc[:3]
+    shape = tuple(desc[3:3 + rank])
+    strides = tuple(s * dtype.itemsize for s in desc[3 + rank:3 + 2 * rank])
     return allocated, aligned + offset * dtype.itemsize, shape, strides, _span(shape, strides, dtype.itemsize)
 
 
@@ -399,13 +398,12 @@ def _host_result(item: tuple, dtype: np.dtype) -> np.ndarray:
     return np.ndarray(shape, dtype, buffer=(ctypes.c_char * span).from_address(address), strides=strides).copy()
 
 
-def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype: np.dtype, rank: int,
+def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: list[int], dtype: np.dtype, rank: int,
                    consume: Callable[["_Exported"], Any] | None) -> Any:
     """A result in device memory: handed to `consume` (a framework's DLPack import) without a
     copy where the call's buffer can be taken (else first copied into a buffer of the call's: an
     argument, a parameter or a constant returned), or copied into a numpy array."""
     allocated, address, shape, strides, span = _layout(desc, dtype, rank)
-    contiguous = strides == tuple(dtype.itemsize * math.prod(shape[i + 1:]) for i in range(rank))
     code = _dlpack_type(dtype)
     if consume is not None and code is not None:
         if address != allocated or not ral().ral_context_take(ctx, ctypes.c_void_p(allocated)):
@@ -413,8 +411,9 @@ def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype:
             _copy(ctx, copy, address, span, DEVICE_TO_DEVICE)
             address = copy
             ral().ral_context_take(ctx, ctypes.c_void_p(copy))
-        dims = np.array([*shape, *(s // dtype.itemsize for s in strides)], np.int64)
-        managed = ral().ral_gpu_dlpack(rt.handle, ctypes.c_void_p(address), rank, dims.ctypes.data, dims.ctypes.data + 8 * rank, *code)
+        dims = (ctypes.c_int64 * max(1, 2 * rank))(*shape, *desc[3 + rank:3 + 2 * rank])
+        at = ctypes.addressof(dims)
+        managed = ral().ral_gpu_dlpack(rt.handle, ctypes.c_void_p(address), rank, at, at + 8 * rank, *code)
         if not managed:
             ral().ral_gpu_free(rt.handle, ctypes.c_void_p(address))
             raise RuntimeFailure("out of memory exporting a result")
@@ -424,13 +423,14 @@ def _device_result(rt: "Runtime", ctx: ctypes.c_void_p, desc: np.ndarray, dtype:
     host = np.empty(span // dtype.itemsize, dtype)
     _copy(ctx, host.ctypes.data, address, span, DEVICE_TO_HOST)
     view = np.lib.stride_tricks.as_strided(host, shape, strides)
-    return view if contiguous else view.copy()
+    return view if strides == tuple(dtype.itemsize * math.prod(shape[i + 1:]) for i in range(rank)) else view.copy()
 
 
 DLPACK_DEVICES = {"cuda": 2, "rocm": 10}  # DLPack's kDLCUDA, kDLROCM
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # numpy's kinds as DLPack type codes
 
 
+@functools.cache
 def _dlpack_type(dtype: np.dtype) -> tuple[int, int] | None:
     """DLPack's (type code, bits) of a dtype; None for one DLPack has no code for (the float8s)."""
     if dtype == ml_dtypes.bfloat16:
@@ -554,8 +554,7 @@ class Executable:
             if self.guard is not None:
                 packed = self.guard(ctx, args)[0]
                 self._check_status(ctx)
-                self._raise_guard(np.ctypeslib.as_array(ctypes.cast(int(packed[1]) + 8 * int(packed[2]), ctypes.POINTER(ctypes.c_int64)),
-                                                        (int(packed[3]),)).tolist())
+                self._raise_guard((ctypes.c_int64 * packed[3]).from_address(packed[1] + 8 * packed[2]))
             results = self.entry(ctx, args)
             self._check_status(ctx)
             outs = [_device_result(self.runtime, ctx, desc, spec.dtype, len(spec.shape), consume)

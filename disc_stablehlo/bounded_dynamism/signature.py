@@ -76,22 +76,22 @@ class Signature:
         dimension variable, naming the argument and the dim."""
         if len(arrays) != len(self.args):
             raise ShapeError(f"expected {len(self.args)} arguments ({', '.join(a.describe() for a in self.args)}), got {len(arrays)}")
-        seen: dict[str, tuple[int, str]] = {}
+        seen: dict[str, tuple[int, str, int]] = {}  # dimension variable -> its size, and the argument and dim it came from
         for spec, arr in zip(self.args, arrays):
             if arr.dtype != spec.dtype:
                 raise ShapeError(f"argument '{spec.name}': expected dtype {spec.dtype.name}, got {arr.dtype.name}")
             if arr.ndim != len(spec.shape):
                 raise ShapeError(f"argument '{spec.name}': expected rank {len(spec.shape)} ({spec.describe()}), got shape {tuple(arr.shape)}")
             for i, (want, got) in enumerate(zip(spec.shape, arr.shape)):
-                where = f"argument '{spec.name}' dim {i}"
                 if isinstance(want, int):
                     if want != got:
-                        raise ShapeError(f"{where}: expected size {want}, got {got} (shape {tuple(arr.shape)})")
-                elif want in seen and seen[want][0] != got:
-                    raise ShapeError(f"{where}: dimension variable '{want}' is {seen[want][0]} from {seen[want][1]}, "
-                                     f"but {got} here (shape {tuple(arr.shape)})")
-                else:
-                    seen.setdefault(want, (got, where))
+                        raise ShapeError(f"argument '{spec.name}' dim {i}: expected size {want}, got {got} (shape {tuple(arr.shape)})")
+                elif want not in seen:
+                    seen[want] = (got, spec.name, i)
+                elif seen[want][0] != got:
+                    size, name, dim = seen[want]
+                    raise ShapeError(f"argument '{spec.name}' dim {i}: dimension variable '{want}' is {size} from argument '{name}' "
+                                     f"dim {dim}, but {got} here (shape {tuple(arr.shape)})")
 
 
 @dataclasses.dataclass(frozen=True)

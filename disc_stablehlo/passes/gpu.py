@@ -5,7 +5,10 @@ Each outermost `scf.parallel` nest becomes a kernel of the device module (`gpu.m
 warp's accesses are consecutive elements), all dims flattened (the innermost varies fastest),
 in a grid-stride loop; what the body loops over itself (a reduction's inner dims) runs in the
 thread. A body that works on rows along contiguous memory (reductions, softmax and layer norm
-fused into one loop) runs one block of threads per row instead (`_cooperative_rows`). The host
+fused into one loop) runs one block of threads per row instead, or on CUDA, with many rows, one
+warp per row (`_cooperative_rows`; the host code picks the version); a body whose reductions run
+across rows runs a block per tile of LANES iterations, its warps sharing the rows
+(`_cooperative_columns`). The host
 packs the loop's captured values into 8-byte slots as for the CPU thread pool
 (`parallel.pack_slots`): each slot is one kernel parameter, and `disc_ral_gpu_launch` passes
 them by address. The number of threads is computed by the host from the run-time bounds; the
