@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import itertools
 import json
 import os
 import shutil
@@ -123,13 +124,13 @@ def run(folder: Path, jobs: int) -> int:
           flush=True)
     start = time.perf_counter()
     outcomes: dict[str, str] = {}
-    part = 0
+    for old in folder.glob("results.*.jsonl"):  # an earlier run's (the children append)
+        old.unlink()
+    parts = itertools.count(1)  # one results file per child (next() is atomic: the threads share it)
 
     def child(slugs: list[str]) -> None:
-        nonlocal part
         while slugs:  # a child that stops early (a case took the process or its GPU context down): a new one goes on
-            part += 1
-            results = folder / f"results.{part}.jsonl"
+            results = folder / f"results.{next(parts)}.jsonl"
             proc = subprocess.run([sys.executable, __file__, "run-cases", str(folder), str(results), *slugs],
                                   capture_output=True, text=True)
             started, finished = None, None

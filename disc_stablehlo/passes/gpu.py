@@ -82,9 +82,9 @@ def outline_gpu_kernels(module: ir.Module, warps: bool) -> tuple[list[Kernel], i
                 bodies.append(("warp", warp))
             for schedule, f in bodies:
                 _cooperative_rows(f, _row_phases(f), schedule)
-        elif _column_phases(func) is not None:
+        elif (columns := _column_phases(func)) is not None:
             bodies = [("column", func)]
-            _cooperative_columns(func, _column_phases(func))
+            _cooperative_columns(func, columns)
         codes = [f.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True) for _, f in bodies]
         symbols = [ir.StringAttr(f.attributes["sym_name"]).value for _, f in bodies]
         key = "".join(c.replace(f"@{n}(", "(", 1) for c, n in zip(codes, symbols)) + repr(bounds)
@@ -152,15 +152,16 @@ def _kernel_text(name: str, body: str, func: ir.Operation, captured: list[ir.Val
     lines += ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", "%tid = gpu.thread_id x",
               "%bid = gpu.block_id x", "%bdim = gpu.block_dim x", "%gdim = gpu.grid_dim x"]
     lines += ["%first = arith.muli %bid, %bdim : index", "%flat = arith.addi %first, %tid : index", "%all = arith.muli %gdim, %bdim : index"]
-    if schedule in _ROW_THREADS:  # the threads of a row (a block's, or a warp's) run the same iteration
-        lines += [f"%row_threads = arith.constant {_ROW_THREADS[schedule]} : index", "%start = arith.divui %flat, %row_threads : index",
+    if schedule in ("block", "warp"):  # the threads of a row (a block's, or a warp's) run the same iteration
+        lines += [f"%row_threads = arith.constant {_THREADS[schedule][0]} : index", "%start = arith.divui %flat, %row_threads : index",
                   "%stride = arith.divui %all, %row_threads : index"]
-    elif schedule == "column":  # a block's iterations: a tile; a lane's: its place in the tile
-        lines += ["%start = arith.addi %bid, %zero : index", "%stride = arith.addi %gdim, %zero : index",
-                  f"%c_lanes = arith.constant {LANES} : index", "%column = arith.remui %tid, %c_lanes : index"]
+    elif schedule == "column":  # a block's iterations: a tile; a lane's: its place in the tile (below)
+        lines += ["%start = arith.addi %bid, %zero : index", "%stride = arith.addi %gdim, %zero : index"]
     else:
         lines += ["%start = arith.addi %flat, %zero : index", "%stride = arith.addi %all, %zero : index"]
     total = _work_items(lines, bounds, schedule, lambda i: args[i])
+    if schedule == "column":
+        lines.append("%column = arith.remui %tid, %c_lanes : index")
     shared = [str(t) for t in ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs[len(bounds) + len(captured):]]
     signature = ", ".join(["index"] * len(bounds) + [str(v.type) for v in captured] + shared)
     extra = [f"%wg{i}" for i in range(len(shared))]
@@ -230,7 +231,6 @@ def _kernel_text(name: str, body: str, func: ir.Operation, captured: list[ir.Val
 # a row's reduction: a block of REDUCTION_BLOCK threads per row, or (CUDA, WARP_ROWS rows or
 # more) a warp per row, BLOCK // WARP rows a block
 REDUCTION_BLOCK, WARP, WARP_ROWS = 128, 32, 1024
-_ROW_THREADS = {"block": REDUCTION_BLOCK, "warp": WARP}
 # columns' reductions: a block per tile of LANES columns, its COLUMN_GROUPS warps each taking every
 # COLUMN_GROUPS-th row, their parts combined through shared memory
 COLUMN_GROUPS = 16
@@ -238,6 +238,9 @@ _VERSIONS = {"block": "block per row", "warp": "warp per row", "column": "column
 # a per-element kernel: the innermost dim in tiles of up to LANES x CHUNK elements, a thread per
 # lane taking CHUNK elements LANES apart (a warp's loads and stores are consecutive elements)
 CHUNK, LANES = 4, 32
+# each schedule's threads per work item (an iteration, or a tile for "column") and per block
+_THREADS = {"element": (1, BLOCK), "block": (REDUCTION_BLOCK, REDUCTION_BLOCK), "warp": (WARP, BLOCK),
+            "column": (LANES * COLUMN_GROUPS, LANES * COLUMN_GROUPS)}
 
 
 def _work_items(lines: list[str], bounds: Bounds, schedule: str, value=lambda i: f"%v{i}") -> str:
@@ -247,13 +250,14 @@ def _work_items(lines: list[str], bounds: Bounds, schedule: str, value=lambda i:
     lane per CHUNK iterations of the innermost dim ("element": its tiles of `%span` = `%lanes` x
     CHUNK iterations, `%lanes` = LANES or fewer where the dim is narrower)."""
     total = trips(lines, bounds, "all_", value)
-    if schedule in _ROW_THREADS:
+    if schedule in ("block", "warp"):
         return total
+    lines.append(f"%c_lanes = arith.constant {LANES} : index")
     if schedule == "column":
-        lines += [f"%tile_lanes = arith.constant {LANES} : index", f"%tiles = arith.ceildivui {total}, %tile_lanes : index"]
+        lines.append(f"%tiles = arith.ceildivui {total}, %c_lanes : index")
         return "%tiles"
     last = len(bounds) - 1
-    lines += [f"%c_chunk = arith.constant {CHUNK} : index", f"%c_lanes = arith.constant {LANES} : index",
+    lines += [f"%c_chunk = arith.constant {CHUNK} : index",
               f"%per_lane = arith.ceildivui %all_pos{last}, %c_chunk : index", "%lanes = arith.minui %per_lane, %c_lanes : index",
               "%span = arith.muli %lanes, %c_chunk : index", f"%tiles = arith.ceildivui %all_pos{last}, %span : index",
               "%chunks = arith.muli %tiles, %lanes : index",
@@ -315,7 +319,7 @@ def _phases(func: ir.Operation, contiguous: bool) -> Phases | None:
     op all threads run alike. None where the body is not made of these, or has no reduction or
     loop."""
     ops = [o.operation for o in func.regions[0].blocks[0].operations][:-1]  # without the return
-    combines = [_reduction(o) if _reduction(o) is not None and _contiguous(o) == contiguous else None for o in ops]
+    combines = [c if (c := _reduction(o)) is not None and _contiguous(o) == contiguous else None for o in ops]
     kinds = ["reduce" if combine is not None else "loop" if contiguous and _row_loop(o) else "store" if o.name == "memref.store"
              else "uniform" if o.name.startswith(_UNIFORM) else None for o, combine in zip(ops, combines)]
     if None in kinds or not {"reduce", "loop"} & set(kinds):
@@ -341,14 +345,14 @@ def _cooperative_rows(func: ir.Operation, phases: Phases, schedule: str) -> None
     `gpu.all_reduce` (a block: shuffles and shared memory) or by shuffles alone (a warp); one
     thread stores the row's values; and a barrier (a warp's: `__syncwarp`) ends each phase that
     writes (later phases read what other threads wrote)."""
-    threads = _ROW_THREADS[schedule]
+    threads = _THREADS[schedule][0]
     block = func.regions[0].blocks[0]
     index, i1 = ir.IndexType.get(), ir.IntegerType.get_signless(1)
     with ir.InsertionPoint.at_block_begin(block), ir.Location.unknown():
         tid = create_value("gpu.thread_id", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
-        width = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, threads))
+        width = index_constant(threads)
         lane = create_value("arith.remui", [tid, width], index)
-        zero = create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, 0))
+        zero = index_constant(0)
         first = create_value("arith.cmpi", [lane, zero], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
     ret = block.operations[len(block.operations) - 1]
     for i, (o, kind, combine) in enumerate(phases):
@@ -398,13 +402,9 @@ def _cooperative_columns(func: ir.Operation, phases: Phases) -> None:
     and stores the same values (the body's stores need no guard)."""
     block = func.regions[0].blocks[0]
     index = ir.IndexType.get()
-
-    def constant(n: int) -> ir.Value:
-        return create_value("arith.constant", [], index, value=ir.IntegerAttr.get(index, n))
-
     with ir.InsertionPoint.at_block_begin(block), ir.Location.unknown():
         tid = create_value("gpu.thread_id", [], index, dimension=ir.Attribute.parse("#gpu<dim x>"))
-        lanes, groups = constant(LANES), constant(COLUMN_GROUPS)
+        lanes, groups = index_constant(LANES), index_constant(COLUMN_GROUPS)
         lane, group = create_value("arith.remui", [tid, lanes], index), create_value("arith.divui", [tid, lanes], index)
     workgroup = ir.Attribute.parse("#gpu.address_space<workgroup>")
     ops = [o for o, _, _ in phases] + [block.operations[len(block.operations) - 1]]
@@ -425,7 +425,7 @@ def _cooperative_columns(func: ir.Operation, phases: Phases) -> None:
             ir.Operation.create("gpu.barrier")
             total = None
             for g in range(COLUMN_GROUPS):
-                part = create_value("memref.load", [shared, create_value("arith.addi", [constant(g * LANES), lane], index)], t)
+                part = create_value("memref.load", [shared, create_value("arith.addi", [index_constant(g * LANES), lane], index)], t)
                 total = part if total is None else create_value(combine.name, [total, part], t)
             ir.Operation.create("gpu.barrier")  # the buffer is the next tile's
             final = create_value(combine.name, [init, total], t)
@@ -466,9 +466,7 @@ def _launch_text(name: str, versions: list[tuple[str, str]], captured: list[ir.V
               f"%ptx = func.call @{PTX}() : () -> !llvm.ptr", f"%slots = llvm.mlir.constant({len(slot_types(captured))} : i64) : i64"]
 
     def launch(k: int, kernel: str, schedule: str) -> list[str]:
-        # threads per work item, and per block
-        per_item, block = {"block": (REDUCTION_BLOCK, REDUCTION_BLOCK), "warp": (WARP, BLOCK),
-                           "column": (LANES * COLUMN_GROUPS, LANES * COLUMN_GROUPS)}.get(schedule, (1, BLOCK))
+        per_item, block = _THREADS[schedule]
         return [f"%per_item{k} = arith.constant {per_item} : index", f"%all{k} = arith.muli {total}, %per_item{k} : index",
                 f"%threads{k} = arith.index_cast %all{k} : index to i64", f"%name{k} = llvm.mlir.addressof @{kernel}_name : !llvm.ptr",
                 f"%block{k} = llvm.mlir.constant({block} : i64) : i64",
