@@ -4,6 +4,7 @@ runs in a subprocess), and failures produce actionable errors and reproducers.""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -724,6 +725,33 @@ def test_vector_tail_versions_are_chosen_from_the_real_sizes():
             "no tail": ran == "no tail", "tail": ran == "tail"}
     proven = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"), constraints=["mod(s, 16) == 0"])
     assert [k.version for k in proven.kernels] == [""]
+
+
+def test_long_loop_bodies_are_interleaved_and_every_row_length_is_computed():
+    """Innermost loops with long bodies (exact GELU's erfc, tanh's call) get LLVM's interleave
+    count 4 (`loops.interleave_long_loops`); a short body (x * y + x) is left to LLVM's own choice.
+    Every row length gives the right values: the interleaved vector loop (32 elements per
+    iteration with AVX2), its full-width remainder loop and the scalar rest."""
+    import jax
+    from conftest import specs_for
+
+    def erf_gelu(x, y):
+        return jax.nn.gelu(x * 1.5 + y, approximate=False)
+
+    def tanh_gelu(x, y):
+        return jax.nn.gelu(x + y, approximate=True)
+
+    def short(x, y):
+        return x * y + x
+
+    spec = specs_for([(("b", "s"), np.float32), (("b", "s"), np.float32)], "b, s")
+    interleaved = re.compile(r'!(\d+) = !\{!"llvm.loop.interleave.count", i32 4\}')
+    for fn in (erf_gelu, tanh_gelu, short):
+        f = disc.compile(fn, *spec)
+        assert bool(interleaved.search(f.llvm_ir)) == (fn is not short), fn.__name__
+        for s in (1, 7, 8, 15, 31, 32, 33, 40, 64, 100, 1000):
+            x, y = (np.random.default_rng(s + i).standard_normal((3, s)).astype(np.float32) for i in range(2))
+            np.testing.assert_allclose(f(x, y), fn(x, y), rtol=2e-6, atol=1e-6, err_msg=f"{fn.__name__}, row length {s}")
 
 
 def test_booleans_in_memory_are_accessed_as_bytes():

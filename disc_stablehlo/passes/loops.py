@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import (create_value, defined_outside, facts_relied_on, index_compare, index_constant, int_constant,
-                            nested_in, operation, walk)
+from ..mlir_support import (create_value, defined_outside, facts_relied_on, find_function, index_compare, index_constant,
+                            int_constant, nested_in, operation, run_pipeline, walk)
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 
@@ -712,3 +712,39 @@ def version_broadcasts(module: ir.Module) -> int:
         _read_as(copy, conds, dict.fromkeys(range(len(conds)), false))
         versioned += 1
     return versioned
+
+
+# innermost kernel loops with at least this many ops in their bodies (an inline exp, GELU's erfc),
+# or a call to a math function, are vectorised INTERLEAVE vectors per iteration
+LONG_BODY = 24
+INTERLEAVE = 4
+# math ops that are one instruction or a few (every other math op left at this point is a call:
+# tanh, log, sin, ... through libmvec)
+_SHORT_MATH = ("math.absf", "math.absi", "math.copysign", "math.fma", "math.sqrt", "math.rsqrt", "math.floor", "math.ceil",
+               "math.round", "math.roundeven", "math.trunc", "math.isnan", "math.isinf", "math.isfinite", "math.isnormal",
+               "math.ctlz", "math.cttz", "math.ctpop")
+
+
+def interleave_long_loops(module: ir.Module, kernels: list[str]) -> int:
+    """LLVM's vectoriser interleaves small loops only: a long body (GELU's erfc: three
+    polynomials, an exp and two divisions, a dependency chain of over 100 cycles per vector) then
+    runs one vector per iteration, and the out-of-order core, which holds about two iterations,
+    waits on latency. The innermost loops of the `kernels` functions whose bodies have LONG_BODY
+    ops or more, or a math call (tanh: the call's own chain), get interleave count INTERLEAVE
+    (`llvm.loop` metadata on their back edge: independent vectors in each iteration); their
+    remainders are vectorised at the full vector width (`codegen.compile_part`), so short rows
+    lose nothing. Over 1024 columns on 2 Zen 3 cores: GELU 6.7 -> 7.9 GB/s, softmax 13.1 -> 15.0,
+    tanh GELU 8.5 -> 9.4. Runs just before the lowering to LLVM (the annotation must be on an
+    scf.for: scf.parallel loops become nested scf.for here first); returns the number of loops
+    annotated."""
+    run_pipeline(module, "builtin.module(func.func(scf-parallel-for-to-nested-fors))", "parallel loops to nested loops")
+    annotation = ir.Attribute.parse(f"#llvm.loop_annotation<interleave = #llvm.loop_interleave<count = {INTERLEAVE} : i32>>")
+    count = 0
+    for name in dict.fromkeys(kernels):
+        for loop in [op for op in walk(find_function(module, name)) if op.name == "scf.for"]:
+            body = list(walk(loop))[1:]
+            long = len(body) >= LONG_BODY or any(o.name.startswith("math.") and o.name not in _SHORT_MATH for o in body)
+            if long and not any(o.name in ("scf.for", "scf.while") for o in body):
+                loop.attributes["loop_annotation"] = annotation
+                count += 1
+    return count

@@ -28,7 +28,7 @@ from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
-                    schedule_column_reductions, version_broadcasts, version_vector_tails)
+                    interleave_long_loops, schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
@@ -213,6 +213,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
             run_pipeline(module, f"builtin.module({FLATTEN}, canonicalize)", "inlining their conversions")
         if target.kind == "cpu":  # after the kernels' descriptions (they name exp, not its arithmetic)
             exp_inline(module)
+            interleave_long_loops(module, [k.name for k in kernels])  # counts exp's arithmetic
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         if device is not None:

@@ -94,7 +94,14 @@ def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset
     pto.slp_vectorization = False
     pto.loop_unrolling = False
     pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
+    # a loop interleaved 4 times (`loops.interleave_long_loops`) would leave its remainder to a loop of
+    # half-width vectors, at half the rate on short rows: the remainder gets full f32 vectors
+    # (an LLVM option: process-wide, so set for this module's passes only, and then reset)
+    llvm.set_option("", f"-epilogue-vectorization-force-VF={vector_bits // 32}")
+    try:
+        pb.getModulePassManager().run(mod, pb)
+    finally:
+        llvm.set_option("", "-epilogue-vectorization-force-VF=1")  # LLVM's default: not forced
     uses_libmvec = False
     for fn in mod.functions:  # renamed declarations stop being intrinsics: their calls call libmvec
         name = _libmvec_name(fn.name, vector_bits) if fn.is_declaration else None
