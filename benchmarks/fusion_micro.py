@@ -6,8 +6,9 @@ machine's memory bandwidth, measured with numpy copies on the same threads (no p
 Both peers get 2 threads (the process is pinned to 2 cores) and their inputs in their own arrays
 (numpy for disc_stablehlo, device arrays for JAX); each timed call returns once its result is
 computed. Then the reduction schedules (a column sum with the
-column version host code picks vs the row schedule alone), GEMM epilogues (bias + GELU behind
-the GEMM vs as a loop of its own), and the encoder layer at (16, 256) in GFLOP/s against the
+column version host code picks vs the row schedule alone), long loop bodies (exact and tanh
+GELU, softmax) interleaved four vectors per iteration vs one (`loops.interleave_long_loops`),
+GEMM epilogues (bias + GELU behind the GEMM vs as a loop of its own), and the encoder layer at (16, 256) in GFLOP/s against the
 BLAS's measured SGEMM rate.
 
     python3 benchmarks/fusion_micro.py
@@ -63,6 +64,15 @@ def _without(module, step: str, build):
         setattr(module, step, kept)
 
 
+def _alternating(fns, *args, rounds: int = 3) -> list[float]:
+    """Each function's best time over `rounds` rounds that run them one after the other (this
+    VM's speed moves between rounds)."""
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        best = [min(b, best_time(f, *args, reps=5)) for b, f in zip(best, fns)]
+    return best
+
+
 def main() -> None:
     r, c = export.symbolic_shape("r, c")
     spec = jax.ShapeDtypeStruct((r, c), jnp.float32)
@@ -94,6 +104,15 @@ def main() -> None:
         after = column_sum.stats()
         ran = [k.version for k in column_sum.kernels if after[k.name]["calls"] > before[k.name]["calls"]]
         print(f"{'':<12} {str(shape):>12} {rates[0]:>10.1f} {rates[1]:>10.1f} {rates[2]:>10.1f}  {', '.join(ran)}")
+
+    print(f"\n{'long bodies':<12} {'shape':>12} {'interleaved':>12} {'one vector':>11}  GB/s (best of 3 alternating rounds)")
+    tanh_gelu = lambda x: jax.nn.gelu(x, approximate=True)  # noqa: E731
+    for name, fn in [("gelu_chain", gelu_chain), ("softmax", softmax), ("tanh GELU", tanh_gelu)]:
+        both = (disc.compile(fn, spec), _without(pipeline, "interleave_long_loops", lambda: disc.compile(fn, spec)))
+        for shape in [(4096, 1024), (32768, 24)]:
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            best = _alternating(both, x)
+            print(f"{name:<12} {str(shape):>12} {2 * x.nbytes / 1e9 / best[0]:>12.1f} {2 * x.nbytes / 1e9 / best[1]:>11.1f}")
 
     n, = export.symbolic_shape("n")
     print(f"\n{'epilogue':<12} {'shape':>12} {'behind ms':>10} {'apart ms':>10} {'jax ms':>10}")

@@ -50,10 +50,10 @@ class ShapeFacts:
 
     def canon(self, d: Dim) -> Dim:
         for _ in range(16):  # substitutions are acyclic; the bound only guards against mistakes
-            nxt = d.substitute({v: self.subst[v] for v in d.variables if v in self.subst})
-            if nxt == d:
+            env = {v: self.subst[v] for v in d.variables if v in self.subst}
+            if not env:
                 return d
-            d = nxt
+            d = d.substitute(env)
         return d
 
     def equal(self, a: Dim, b: Dim) -> bool:
