@@ -728,8 +728,9 @@ def test_vector_tail_versions_are_chosen_from_the_real_sizes():
 
 
 def test_long_loop_bodies_are_interleaved_and_every_row_length_is_computed():
-    """Innermost loops with long bodies (exact GELU's erfc, tanh's call) get LLVM's interleave
-    count 4 (`loops.interleave_long_loops`); a short body (x * y + x) is left to LLVM's own choice.
+    """Innermost float32 loops with long bodies (exact GELU's erfc, tanh's call) get LLVM's
+    interleave count 4 (`loops.interleave_long_loops`); a short body (x * y + x) and float64 loops
+    are left to LLVM's own choice.
     Every row length gives the right values: the interleaved vector loop (32 elements per
     iteration with AVX2), its full-width remainder loop and the scalar rest."""
     import jax
@@ -744,13 +745,13 @@ def test_long_loop_bodies_are_interleaved_and_every_row_length_is_computed():
     def short(x, y):
         return x * y + x
 
-    spec = specs_for([(("b", "s"), np.float32), (("b", "s"), np.float32)], "b, s")
     interleaved = re.compile(r'!(\d+) = !\{!"llvm.loop.interleave.count", i32 4\}')
-    for fn in (erf_gelu, tanh_gelu, short):
-        f = disc.compile(fn, *spec)
-        assert bool(interleaved.search(f.llvm_ir)) == (fn is not short), fn.__name__
+    for fn, dtype in ((erf_gelu, np.float32), (tanh_gelu, np.float32), (short, np.float32), (erf_gelu, np.float64)):
+        f = disc.compile(fn, *specs_for([(("b", "s"), dtype), (("b", "s"), dtype)], "b, s"))
+        # float64 loops are not interleaved: the remainders' forced vector width is float32's
+        assert bool(interleaved.search(f.llvm_ir)) == (fn is not short and dtype == np.float32), (fn.__name__, dtype)
         for s in (1, 7, 8, 15, 31, 32, 33, 40, 64, 100, 1000):
-            x, y = (np.random.default_rng(s + i).standard_normal((3, s)).astype(np.float32) for i in range(2))
+            x, y = (np.random.default_rng(s + i).standard_normal((3, s)).astype(dtype) for i in range(2))
             np.testing.assert_allclose(f(x, y), fn(x, y), rtol=2e-6, atol=1e-6, err_msg=f"{fn.__name__}, row length {s}")
 
 

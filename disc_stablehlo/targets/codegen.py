@@ -96,7 +96,9 @@ def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset
     pb = llvm.create_pass_builder(tm, pto)
     # a loop interleaved 4 times (`loops.interleave_long_loops`) would leave its remainder to a loop of
     # half-width vectors, at half the rate on short rows: the remainder gets full f32 vectors
-    # (an LLVM option: process-wide, so set for this module's passes only, and then reset)
+    # (an LLVM option: process-wide, so set for this module's passes only, and then reset; a
+    # compilation in another thread of this process may see it reset early: its remainders are
+    # then half-width, and still correct)
     llvm.set_option("", f"-epilogue-vectorization-force-VF={vector_bits // 32}")
     try:
         pb.getModulePassManager().run(mod, pb)
