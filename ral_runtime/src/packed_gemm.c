@@ -149,41 +149,75 @@ static float *scratch_get(size_t floats) {
   return s->data;
 }
 
-AVX2 static void packed_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k, const float *b,
-                              int64_t sb_k, int64_t sb_n, float *c, int64_t ldc) {
-  /* the block's panels, packed before its rows pass; without memory for them, each panel is
-   * packed where it is used, into `one` */
-  float *panels = scratch_get((size_t)((n < NC ? n : NC) + NR - 1) / NR * NR * KC);
+/* C[0:m, 0:nc] = (acc ? C : 0) + op(A)[0:m, 0:kc] op(B)[0:kc, 0:nc] with op(B) in `panels` (panel
+ * j / NR at panels + j * kc), or with panels NULL, each panel packed from b where it is used */
+AVX2 static void multiply_block(int64_t m, int64_t nc, int64_t kc, const float *a, int64_t sa_m, int64_t sa_k,
+                                const float *panels, const float *b, int64_t sb_k, int64_t sb_n, float *c, int64_t ldc,
+                                int acc) {
   float one[KC * NR] __attribute__((aligned(32)));
-  for (int64_t jc = 0; jc < n; jc += NC) {
-    int64_t nc = n - jc < NC ? n - jc : NC;
-    for (int64_t pc = 0; pc < k; pc += KC) {
-      int64_t kc = k - pc < KC ? k - pc : KC;
-      const float *bk = b + pc * sb_k + jc * sb_n, *ak = a + pc * sa_k;
-      for (int64_t jr = 0; panels && jr < nc; jr += NR)
-        pack_panel(kc, nc - jr < NR ? (int)(nc - jr) : NR, bk + jr * sb_n, sb_k, sb_n, panels + jr * kc);
-      for (int64_t ic = 0; ic < m; ic += MC) {
-        int64_t mc = m - ic < MC ? m - ic : MC;
-        for (int64_t jr = 0; jr < nc; jr += NR) {
-          int cols = nc - jr < NR ? (int)(nc - jr) : NR;
-          const float *panel = panels ? panels + jr * kc : one;
-          if (!panels) pack_panel(kc, cols, bk + jr * sb_n, sb_k, sb_n, one);
-          for (int64_t ir = 0, rows; ir < mc; ir += rows) {
-            /* tiles of MR rows; the last MR + r (0 < r < MR) in two halves, not a tile of r: one of
-             * fewer than 4 rows has fewer than 8 sums in flight, and waits on the FMA latency */
-            rows = mc - ir >= 2 * MR || mc - ir <= MR ? (mc - ir < MR ? mc - ir : MR) : (mc - ir + 1) / 2;
-            const float *at = ak + (ic + ir) * sa_m;
-            float *ct = c + (ic + ir) * ldc + jc + jr;
-            if (cols == NR)
-              tiles[rows](kc, at, sa_m, sa_k, panel, ct, ldc, pc > 0);
-            else
-              edge_tile((int)rows, cols, kc, at, sa_m, sa_k, panel, ct, ldc, pc > 0);
-          }
-        }
+  for (int64_t ic = 0; ic < m; ic += MC) {
+    int64_t mc = m - ic < MC ? m - ic : MC;
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+      int cols = nc - jr < NR ? (int)(nc - jr) : NR;
+      const float *panel = panels ? panels + jr * kc : one;
+      if (!panels) pack_panel(kc, cols, b + jr * sb_n, sb_k, sb_n, one);
+      for (int64_t ir = 0, rows; ir < mc; ir += rows) {
+        /* tiles of MR rows; the last MR + r (0 < r < MR) in two halves, not a tile of r: one of
+         * fewer than 4 rows has fewer than 8 sums in flight, and waits on the FMA latency */
+        rows = mc - ir >= 2 * MR || mc - ir <= MR ? (mc - ir < MR ? mc - ir : MR) : (mc - ir + 1) / 2;
+        const float *at = a + (ic + ir) * sa_m;
+        float *ct = c + (ic + ir) * ldc + jr;
+        if (cols == NR)
+          tiles[rows](kc, at, sa_m, sa_k, panel, ct, ldc, acc);
+        else
+          edge_tile((int)rows, cols, kc, at, sa_m, sa_k, panel, ct, ldc, acc);
       }
     }
   }
 }
+
+AVX2 static void packed_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k, const float *b,
+                              int64_t sb_k, int64_t sb_n, float *c, int64_t ldc) {
+  /* the block's panels, packed before its rows pass; without memory for them, each panel is
+   * packed where it is used */
+  float *panels = scratch_get((size_t)((n < NC ? n : NC) + NR - 1) / NR * NR * KC);
+  for (int64_t jc = 0; jc < n; jc += NC) {
+    int64_t nc = n - jc < NC ? n - jc : NC;
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      int64_t kc = k - pc < KC ? k - pc : KC;
+      const float *bk = b + pc * sb_k + jc * sb_n;
+      for (int64_t jr = 0; panels && jr < nc; jr += NR)
+        pack_panel(kc, nc - jr < NR ? (int)(nc - jr) : NR, bk + jr * sb_n, sb_k, sb_n, panels + jr * kc);
+      multiply_block(m, nc, kc, a + pc * sa_k, sa_m, sa_k, panels, bk, sb_k, sb_n, c + jc, ldc, pc > 0);
+    }
+  }
+}
+
+/* The whole op(B) packed once (`ral_packed_sgemm_shared`): the KC-row block starting at row pc at
+ * packed + pc * n_pad (n rounded up to NR), its panel j / NR at + j * kc. */
+static int64_t padded(int64_t n) { return (n + NR - 1) / NR * NR; }
+
+AVX2 static void pack_shared(int64_t n, int64_t k, const float *b, int64_t sb_k, int64_t sb_n, float *packed, int64_t first,
+                             int64_t last) {
+  for (int64_t pc = 0; pc < k; pc += KC) {
+    int64_t kc = k - pc < KC ? k - pc : KC;
+    for (int64_t j = first * NR; j < last * NR && j < n; j += NR)
+      pack_panel(kc, n - j < NR ? (int)(n - j) : NR, b + pc * sb_k + j * sb_n, sb_k, sb_n, packed + pc * padded(n) + j * kc);
+  }
+}
+
+AVX2 static void multiply_shared(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k,
+                                 const float *packed, float *c, int64_t ldc) {
+  for (int64_t pc = 0; pc < k; pc += KC)
+    multiply_block(m, n, k - pc < KC ? k - pc : KC, a + pc * sa_k, sa_m, sa_k, packed + pc * padded(n), NULL, 0, 0, c, ldc,
+                   pc > 0);
+}
+
+static const ral_shared_sgemm shared_sgemm = {NR, pack_shared, multiply_shared};
+
+const ral_shared_sgemm *ral_packed_sgemm_shared(void) { return ral_packed_sgemm_avx2() ? &shared_sgemm : NULL; }
+
+int64_t ral_packed_sgemm_shared_floats(int64_t n, int64_t k) { return k * padded(n); }
 
 ral_sgemm_fn ral_packed_sgemm_avx2(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? packed_sgemm : NULL;
@@ -195,5 +229,7 @@ ral_sgemm_fn ral_packed_sgemm_kernel(void) { return __builtin_cpu_supports("avx5
 
 ral_sgemm_fn ral_packed_sgemm_avx2(void) { return NULL; }
 ral_sgemm_fn ral_packed_sgemm_kernel(void) { return NULL; }
+const ral_shared_sgemm *ral_packed_sgemm_shared(void) { return NULL; }
+int64_t ral_packed_sgemm_shared_floats(int64_t n, int64_t k) { return n * k; }
 
 #endif

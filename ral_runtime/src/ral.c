@@ -308,6 +308,7 @@ struct ral_runtime {
   sgemm_fn sgemm;
   dgemm_fn dgemm;
   ral_sgemm_fn packed_sgemm;      /* NULL: the BLAS does single precision */
+  const ral_shared_sgemm *shared_sgemm; /* the same kernel with op(B) packed once for all row blocks */
   ral_small_sgemm_fn small_sgemm; /* NULL: the BLAS (or packed_sgemm) does every product */
   int64_t l2_bytes;                /* one core's L2 cache */
   _Atomic(ral_gpu *) gpu;          /* NULL: no GPU enabled */
@@ -382,6 +383,7 @@ ral_status ral_runtime_create(const char *blas_path, int num_threads, ral_runtim
   }
   rt->small_sgemm = ral_small_sgemm_kernel();
   rt->packed_sgemm = gemm && gemm[0] ? NULL : ral_packed_sgemm_kernel();
+  rt->shared_sgemm = rt->packed_sgemm ? ral_packed_sgemm_shared() : NULL;
   long l2 = -1;
 #ifdef _SC_LEVEL2_CACHE_SIZE /* glibc's; elsewhere the 1 MiB below */
   l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -823,6 +825,7 @@ typedef struct {
   int64_t inner, m, n, k, lda, ldb, sa_b, sa_i, a_group, sb_b, sb_i, b_group, sc_b, sc_i, ldc, rows_per_task, row_tasks, cols_per_task, col_tasks;
   int ta, tb;
   int small; /* by the runtime's kernel for few rows, not the BLAS */
+  float *packed; /* NULL, or op(B) packed once for every row block (`ral_shared_sgemm`) */
   const void *a, *b;
   void *c;
   ral_parallel_body epilogue; /* NULL: none, or run after the whole product */
@@ -859,6 +862,13 @@ static int runtime_has_gemm(const ral_runtime *rt, int is_double) {
  * (0.43 ms against 0.57 at 1 x 768 x 3072). */
 #define RAL_SMALL_GEMM_ROWS 64
 #define RAL_EPILOGUE_TASKS_PER_THREAD 4
+/* A single-precision product of at least twice this many rows, on the runtime's kernel and the
+ * pool, packs op(B) once (the pool's threads share the panels) into a buffer of at most
+ * RAL_SHARED_PACK_BYTES, and its row blocks of about this many rows (about the kernel's block of
+ * A in L2) all read it: blocks of whole rows each packing all of B were two per thread at most,
+ * too few for the pool to balance on a busy machine or for an epilogue to run behind them. */
+#define RAL_SHARED_ROWS 128
+#define RAL_SHARED_PACK_BYTES ((int64_t)16 << 20)
 
 static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
   gemm_job *g = data;
@@ -875,7 +885,10 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
     int64_t a_off = outer * g->sa_b + in / g->a_group * g->sa_i + row0 * a_row;
     int64_t b_off = outer * g->sb_b + in / g->b_group * g->sb_i + col0 * (g->tb == NO_TRANS ? 1 : g->ldb);
     int64_t c_off = outer * g->sc_b + in * g->sc_i + row0 * g->ldc + col0;
-    if (g->small)
+    if (g->packed)
+      g->rt->shared_sgemm->multiply(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, g->packed, (float *)g->c + c_off,
+                                    g->ldc);
+    else if (g->small)
       g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, (const float *)g->b + b_off, g->ldb,
                          (float *)g->c + c_off, g->ldc);
     else if (g->is_double)
@@ -890,6 +903,12 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
       atomic_fetch_add_explicit(&g->epilogue_ns, now_ns() - start, memory_order_relaxed);
     }
   }
+}
+
+/* The pool's share of packing op(B) once: its panels [lo, hi). */
+static void pack_tasks(void *data, int64_t lo, int64_t hi) {
+  gemm_job *g = data;
+  g->rt->shared_sgemm->pack(g->n, g->k, g->b, g->tb == NO_TRANS ? g->ldb : 1, g->tb == NO_TRANS ? 1 : g->ldb, g->packed, lo, hi);
 }
 
 /* One block per `min_len` started in `len`, at most `most`. */
@@ -982,6 +1001,16 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
   } else {
     int threads = ral_runtime_num_threads(ctx->rt);
     gemm_split(g, batch, threads);
+    int64_t shared_bytes = ctx->rt->shared_sgemm ? ral_packed_sgemm_shared_floats(g->n, g->k) * (int64_t)sizeof(float) : 0;
+    if (!g->is_double && !g->small && ctx->rt->shared_sgemm && batch == 1 && threads > 1 && g->m >= 2 * RAL_SHARED_ROWS &&
+        g->m * g->n * g->k >= (1 << 18) && shared_bytes <= RAL_SHARED_PACK_BYTES &&
+        (g->packed = ral_alloc(ctx, (size_t)shared_bytes))) {
+      g->row_tasks = (g->m + RAL_SHARED_ROWS - 1) / RAL_SHARED_ROWS;
+      g->rows_per_task = (g->m + g->row_tasks - 1) / g->row_tasks;
+      g->cols_per_task = g->n;
+      g->col_tasks = 1;
+      ral_parallel_for(ctx, pack_tasks, g, 0, (g->n + ctx->rt->shared_sgemm->nr - 1) / ctx->rt->shared_sgemm->nr, 1);
+    }
     int64_t tasks = batch * g->row_tasks * g->col_tasks;
     int pooled = batch * g->m * g->n * g->k >= (1 << 18) && tasks > 1;
     /* behind the blocks only with whole rows and enough tasks for the pool to balance them (a
@@ -992,6 +1021,7 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
       ral_parallel_for(ctx, gemm_tasks, g, 0, tasks, 1);
     else
       gemm_tasks(g, 0, tasks);
+    if (g->packed) context_free(ctx, g->packed);
     stat_record(key, pooled, start);
   }
   if (!epilogue) return;

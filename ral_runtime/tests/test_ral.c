@@ -763,6 +763,10 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   if (have_sgemm) {
     CHECK(gemm_matches(ctx, 300, 70, 40, 1, 300, 70, 1)); /* row blocks over the pool; A transposed */
     CHECK(gemm_matches(ctx, 8, 300, 128, 128, 1, 1, 128)); /* few rows: column blocks; B transposed */
+    /* on the runtime's kernel, op(B) packed once for row blocks of about 128 rows: B transposed,
+     * k over two of the kernel's blocks, n not a multiple of its panels */
+    CHECK(gemm_matches(ctx, 600, 70, 300, 300, 1, 1, 300));
+    CHECK(gemm_matches(ctx, 257, 33, 40, 40, 1, 33, 1));
     /* few rows with B not transposed and larger than L2: the runtime's own kernel where the CPU
      * has AVX-512 (B is not the context's buffer) */
     CHECK(gemm_matches(ctx, 37, 1100, 700, 700, 1, 1100, 1));
@@ -779,9 +783,13 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     CHECK(gemm_epilogue_matches(ctx, 1, 4, 5, 0, 0));      /* k == 0: zeros, then the epilogue */
     CHECK(gemm_epilogue_matches(ctx, 300, 2, 64, 32, 1)); /* 300 entries of 2 rows sharing B: swapped */
     CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 1)); /* fewer entries than rows: as they are */
+    /* on the runtime's kernel: 17 row blocks reading op(B) packed once, the epilogue behind them
+     * (the BLAS: one block per thread, the epilogue after) */
+    CHECK(gemm_epilogue_matches(ctx, 1, 2100, 37, 20, 0));
     ral_kernel_stat st;
     ral_kernel_stats((const void *)add_one, &st);
-    CHECK(st.calls == 7 && st.fused_calls == 2); /* the products with enough whole-row tasks (not the swapped one) */
+    /* the products with enough whole-row tasks (not the swapped one) */
+    CHECK(st.calls == 8 && st.fused_calls == 2 + sgemm_without_blas());
     disc_ral_gemm_f32_epilogue(1, 1, 4, 5, 3, NULL, 0, 0, 1, 3, 1, NULL, 0, 0, 1, 5, 1, NULL, 20, 20, 5, add_one, NULL, 7, 20);
     CHECK(ral_context_status(ctx) == RAL_ERR_INVALID_ARGUMENT); /* rows != batch * m */
     ral_context *fresh;
