@@ -4,6 +4,7 @@ several concrete shapes."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import warnings
 from pathlib import Path
@@ -41,6 +42,25 @@ def gemm_call_args(f) -> list[list[str]]:
     """The arguments of each RAL GEMM call in a compiled function's LLVM IR ("i64 8", "ptr %3",
     ...), in order: see ral/ral.h for their positions."""
     return [c.split(", ") for c in re.findall(r"call void @disc_ral_gemm_f32(?:_epilogue)?\(([^)]*)\)", f.llvm_ir)]
+
+
+def own_gemm_kernel() -> bool:
+    """Whether this CPU runs single precision on the RAL's own kernel (AVX2 and FMA, no AVX-512)."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    return {"avx2", "fma"} <= flags and "avx512f" not in flags
+
+
+def gemm_epilogue_behind(rows: int) -> bool:
+    """Whether a single-precision product of `rows` rows (one batch entry, large enough for the
+    pool) runs its epilogue behind its row blocks on this machine (the default runtime): with at
+    least 4 whole-row blocks per thread. On the RAL's own kernel with 2 threads or more, a product
+    of 256 rows or more packs B once and splits into blocks of about 128 rows; otherwise the
+    rows split into one block per thread (of at least 32 rows). ral.c's gemm_run has the rules."""
+    threads = len(os.sched_getaffinity(0))
+    shared = own_gemm_kernel() and not os.environ.get("DISC_GEMM") and threads > 1 and rows >= 256
+    blocks = -(-rows // 128) if shared else min(threads, -(-rows // 32))
+    return blocks >= 4 * threads
 
 
 def specs_for(shapes_and_dtypes, dim_names: str):

@@ -16,6 +16,7 @@ import pytest
 from jax import export
 
 import disc_stablehlo as disc
+from conftest import own_gemm_kernel
 from disc_stablehlo.runtime import openblas_library
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,19 +79,13 @@ def test_disc_run_matches_jax_at_every_shape(disc_run, saved, tmp_path):
     assert "f32[17, 16], f32[17]" in p.stdout
 
 
-def _cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-
-
 def test_without_a_blas_the_gemm_runs_on_the_runtimes_kernel_or_fails_clearly(disc_run, saved, tmp_path):
     """Single precision runs on the RAL's own kernel where the CPU has AVX2 and FMA and no AVX-512,
     BLAS or not; DISC_GEMM=blas gives it to the BLAS, and without one the call fails with the
     GEMM's name; another DISC_GEMM value is refused when the runtime starts."""
     case = _case(tmp_path, 4, 2)
     p = _run(disc_run, saved, case, blas=False)
-    flags = _cpu_flags()
-    if {"avx2", "fma"} <= flags and "avx512f" not in flags:
+    if own_gemm_kernel():
         assert p.returncode == 0 and "1 of 1 cases passed" in p.stdout, p.stdout + p.stderr
     else:
         assert p.returncode == 1 and "disc_ral_gemm_f32: no BLAS loaded" in p.stdout, p.stdout + p.stderr

@@ -519,7 +519,7 @@ static void test_packed_gemm_kernel(void) {
   }
   static const int64_t sizes[][3] = {{1, 1, 1},     {1, 16, 9},     {5, 17, 8},     {6, 16, 256}, {7, 33, 257},
                                      {64, 48, 70},  {65, 48, 70},   {150, 31, 300}, {13, 2050, 5}, {70, 2064, 3},
-                                     {145, 16, 513}, {2, 4100, 2}};
+                                     {145, 16, 513}, {2, 4100, 2},  {150, 300, 300}};
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
     for (int t = 0; t < 4; t++) CHECK(packed_gemm_matches(kernel, sizes[s][0], sizes[s][1], sizes[s][2], t & 1, t >> 1));
   pthread_t thread;
