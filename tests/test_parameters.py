@@ -4,6 +4,7 @@ grow with the parameter count."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import jax
@@ -90,9 +91,10 @@ def test_a_16x_wider_model_compiles_about_as_fast(monkeypatch):
     monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
     monkeypatch.delenv("DISC_COMPILE_WORKER", raising=False)
     _mlp_compile_seconds(32)  # warms torch.export and the compiler up
-    # interleaved; the best of 5 each: one compilation's CPU time moves by +-40 % on this VM (page faults, GC)
+    # interleaved; the median of 5 each: one compilation's CPU time moves by +-40 % on this VM (page
+    # faults, GC), in both directions (a best of 5 failed on one narrow compilation at 0.65 s among 0.87-1.03)
     pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(5)]
-    narrow, wide = min(p[0] for p in pairs), min(p[1] for p in pairs)  # wide: 256x the weights of the middle layer
+    narrow, wide = (statistics.median(p[i] for p in pairs) for i in (0, 1))  # wide: 256x the weights of the middle layer
     assert wide <= 1.3 * narrow, pairs
 
 
