@@ -149,6 +149,13 @@ static float *scratch_get(size_t floats) {
   return s->data;
 }
 
+/* Panels [first, last) of kc rows of op(B)'s nc columns (panel j / NR at panels + j * kc) */
+AVX2 static void pack_panels(int64_t kc, int64_t nc, const float *b, int64_t sb_k, int64_t sb_n, float *panels, int64_t first,
+                             int64_t last) {
+  for (int64_t j = first * NR; j < last * NR && j < nc; j += NR)
+    pack_panel(kc, nc - j < NR ? (int)(nc - j) : NR, b + j * sb_n, sb_k, sb_n, panels + j * kc);
+}
+
 /* C[0:m, 0:nc] = (acc ? C : 0) + op(A)[0:m, 0:kc] op(B)[0:kc, 0:nc] with op(B) in `panels` (panel
  * j / NR at panels + j * kc), or with panels NULL, each panel packed from b where it is used */
 AVX2 static void multiply_block(int64_t m, int64_t nc, int64_t kc, const float *a, int64_t sa_m, int64_t sa_k,
@@ -186,8 +193,7 @@ AVX2 static void packed_sgemm(int64_t m, int64_t n, int64_t k, const float *a, i
     for (int64_t pc = 0; pc < k; pc += KC) {
       int64_t kc = k - pc < KC ? k - pc : KC;
       const float *bk = b + pc * sb_k + jc * sb_n;
-      for (int64_t jr = 0; panels && jr < nc; jr += NR)
-        pack_panel(kc, nc - jr < NR ? (int)(nc - jr) : NR, bk + jr * sb_n, sb_k, sb_n, panels + jr * kc);
+      if (panels) pack_panels(kc, nc, bk, sb_k, sb_n, panels, 0, (nc + NR - 1) / NR);
       multiply_block(m, nc, kc, a + pc * sa_k, sa_m, sa_k, panels, bk, sb_k, sb_n, c + jc, ldc, pc > 0);
     }
   }
@@ -199,11 +205,8 @@ static int64_t padded(int64_t n) { return (n + NR - 1) / NR * NR; }
 
 AVX2 static void pack_shared(int64_t n, int64_t k, const float *b, int64_t sb_k, int64_t sb_n, float *packed, int64_t first,
                              int64_t last) {
-  for (int64_t pc = 0; pc < k; pc += KC) {
-    int64_t kc = k - pc < KC ? k - pc : KC;
-    for (int64_t j = first * NR; j < last * NR && j < n; j += NR)
-      pack_panel(kc, n - j < NR ? (int)(n - j) : NR, b + pc * sb_k + j * sb_n, sb_k, sb_n, packed + pc * padded(n) + j * kc);
-  }
+  for (int64_t pc = 0; pc < k; pc += KC)
+    pack_panels(k - pc < KC ? k - pc : KC, n, b + pc * sb_k, sb_k, sb_n, packed + pc * padded(n), first, last);
 }
 
 AVX2 static void multiply_shared(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k,
@@ -213,11 +216,11 @@ AVX2 static void multiply_shared(int64_t m, int64_t n, int64_t k, const float *a
                    pc > 0);
 }
 
-static const ral_shared_sgemm shared_sgemm = {NR, pack_shared, multiply_shared};
+static int64_t shared_floats(int64_t n, int64_t k) { return k * padded(n); }
+
+static const ral_shared_sgemm shared_sgemm = {NR, shared_floats, pack_shared, multiply_shared};
 
 const ral_shared_sgemm *ral_packed_sgemm_shared(void) { return ral_packed_sgemm_avx2() ? &shared_sgemm : NULL; }
-
-int64_t ral_packed_sgemm_shared_floats(int64_t n, int64_t k) { return k * padded(n); }
 
 ral_sgemm_fn ral_packed_sgemm_avx2(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? packed_sgemm : NULL;
@@ -230,6 +233,5 @@ ral_sgemm_fn ral_packed_sgemm_kernel(void) { return __builtin_cpu_supports("avx5
 ral_sgemm_fn ral_packed_sgemm_avx2(void) { return NULL; }
 ral_sgemm_fn ral_packed_sgemm_kernel(void) { return NULL; }
 const ral_shared_sgemm *ral_packed_sgemm_shared(void) { return NULL; }
-int64_t ral_packed_sgemm_shared_floats(int64_t n, int64_t k) { return n * k; }
 
 #endif

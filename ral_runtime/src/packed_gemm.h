@@ -17,18 +17,18 @@ ral_sgemm_fn ral_packed_sgemm_kernel(void);
 ral_sgemm_fn ral_packed_sgemm_avx2(void);
 
 /* The same kernel for a product whose row blocks run on several threads: op(B) is packed once
- * into a buffer of `ral_packed_sgemm_shared_floats(n, k)` floats, 32-byte aligned (`pack`: its
- * panels [first, last) of `nr` columns, so the threads can share the work), and every row block
- * reads it (`multiply`: C[m, n] = op(A)[m, k] op(B), strides as above). Each block would
- * otherwise pack all of B itself. NULL where the runtime's kernel is not available. */
+ * into a buffer of `floats(n, k)` floats, 32-byte aligned (`pack`: its panels [first, last) of
+ * `nr` columns, so the threads can share the work), and every row block reads it (`multiply`:
+ * C[m, n] = op(A)[m, k] op(B), strides as above). Each block would otherwise pack all of B
+ * itself. NULL where the runtime's kernel is not available. */
 typedef struct {
   int64_t nr;
+  int64_t (*floats)(int64_t n, int64_t k);
   void (*pack)(int64_t n, int64_t k, const float *b, int64_t sb_k, int64_t sb_n, float *packed, int64_t first, int64_t last);
   void (*multiply)(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k, const float *packed, float *c,
                    int64_t ldc);
 } ral_shared_sgemm;
 
 const ral_shared_sgemm *ral_packed_sgemm_shared(void);
-int64_t ral_packed_sgemm_shared_floats(int64_t n, int64_t k);
 
 #endif

@@ -1001,18 +1001,19 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
   } else {
     int threads = ral_runtime_num_threads(ctx->rt);
     gemm_split(g, batch, threads);
-    int64_t shared_bytes = ctx->rt->shared_sgemm ? ral_packed_sgemm_shared_floats(g->n, g->k) * (int64_t)sizeof(float) : 0;
-    if (!g->is_double && !g->small && ctx->rt->shared_sgemm && batch == 1 && threads > 1 && g->m >= 2 * RAL_SHARED_ROWS &&
-        g->m * g->n * g->k >= (1 << 18) && shared_bytes <= RAL_SHARED_PACK_BYTES &&
-        (g->packed = ral_alloc(ctx, (size_t)shared_bytes))) {
+    int large = batch * g->m * g->n * g->k >= (1 << 18); /* enough work for the pool */
+    const ral_shared_sgemm *shared = ctx->rt->shared_sgemm;
+    int64_t shared_bytes = shared ? shared->floats(g->n, g->k) * (int64_t)sizeof(float) : 0;
+    if (shared && !g->is_double && !g->small && batch == 1 && threads > 1 && g->m >= 2 * RAL_SHARED_ROWS && large &&
+        shared_bytes <= RAL_SHARED_PACK_BYTES && (g->packed = ral_alloc(ctx, (size_t)shared_bytes))) {
       g->row_tasks = (g->m + RAL_SHARED_ROWS - 1) / RAL_SHARED_ROWS;
       g->rows_per_task = (g->m + g->row_tasks - 1) / g->row_tasks;
       g->cols_per_task = g->n;
       g->col_tasks = 1;
-      ral_parallel_for(ctx, pack_tasks, g, 0, (g->n + ctx->rt->shared_sgemm->nr - 1) / ctx->rt->shared_sgemm->nr, 1);
+      ral_parallel_for(ctx, pack_tasks, g, 0, (g->n + shared->nr - 1) / shared->nr, 1);
     }
     int64_t tasks = batch * g->row_tasks * g->col_tasks;
-    int pooled = batch * g->m * g->n * g->k >= (1 << 18) && tasks > 1;
+    int pooled = large && tasks > 1;
     /* behind the blocks only with whole rows and enough tasks for the pool to balance them (a
      * thread that runs late would otherwise hold back its block's epilogue too); else after the
      * product, on the pool or not by its own work */
