@@ -9,7 +9,6 @@ import ctypes
 import dataclasses
 import functools
 import glob
-import importlib.metadata
 import importlib.util
 import math
 import os
@@ -147,6 +146,8 @@ def blas_library() -> str | None:
     small batches), else scipy-openblas32's."""
     if path := os.environ.get("DISC_BLAS"):
         return path
+    import importlib.metadata  # (here: the compiler worker, which imports this module, never needs it)
+
     try:
         files = importlib.metadata.files("mkl") or []
     except importlib.metadata.PackageNotFoundError:

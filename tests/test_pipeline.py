@@ -384,6 +384,27 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     assert codegen._helper_failed and codegen.ready_helper() is None
 
 
+def test_the_other_parts_functions_are_declarations():
+    """Each part of a split compilation declares the functions the other part defines (a
+    definition kept as `available_externally` went through this part's optimisation passes
+    before being dropped); local functions and the rest stay defined, and the result parses."""
+    import llvmlite.binding as llvm
+
+    from disc_stablehlo.targets import codegen
+
+    text = ("define void @k1(ptr %0, i64 %1) #0 {\n  call void @helper()\n  ret void\n}\n"
+            "define internal void @helper() {\n  ret void\n}\n"
+            "define void @k2(ptr %0, i64 %1) {\n  ret void\n}\n"
+            "define void @main() {\n  call void @k1(ptr null, i64 0)\n  call void @k2(ptr null, i64 1)\n  ret void\n}\n"
+            "attributes #0 = { noinline }\n")
+    out = codegen._declare(text, frozenset({"k1", "helper", "main"}))
+    mod = llvm.parse_assembly(out)
+    mod.verify()
+    declared = {f.name for f in mod.functions if f.is_declaration}
+    assert declared == {"k1", "main"}
+    assert "define void @k2(" in out and "define internal void @helper()" in out
+
+
 def _epilogue_models():
     import jax
     import jax.numpy as jnp

@@ -17,7 +17,7 @@ from . import Target, codegen
 # signalling), raw bits (`f0x3727C5AC`), and shortest decimals that are not exact doubles
 # (`2.326820e-02` for a float). Each is rewritten to the classic hexadecimal form
 # of its type, found as the nearest type word before it on the line (`phi float [ -inf, ...]`).
-# One scan over the text: type words and line starts are matched with the literals, in order.
+# One scan over a line: type words and the line start are matched with the literals, in order.
 _TOKEN_RE = re.compile(r"(?P<nl>\n[ \t]*(?P<skip>;|!|source_filename|target)?)|\b(?P<type>half|bfloat|float|double)\b"
                        r"|(?<![\w.%@])(?:f0x(?P<bits>[0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16})"
                        r"|(?P<word>(?P<sign>[+-]?)(?:inf|(?P<nan>q?nan|snan)(?:\((?P<payload>0x[0-9A-Fa-f]+)\))?))"
@@ -53,8 +53,28 @@ def _nan_literal(kind: str, sign: str, payload: int, type_name: str) -> str:
     return f"0x{bits:016X}"
 
 
+# where a literal the rewrite may change can start (a superset of _TOKEN_RE's literals): most lines
+# of a module have none, and only the lines that have one are scanned token by token
+_CANDIDATE_RE = re.compile(r"(?<![\w.%@])(?:f0x|[+-]?(?:inf|q?nan|snan)|[+-]?\d+\.\d)")
+
+
 def _classic_float_literals(llvm_ir: str) -> str:
-    """Linear in the text: each token is looked at once, with the line's last type word so far."""
+    """Linear in the text: the lines with a candidate literal are rewritten, each token looked at
+    once with the line's last type word so far."""
+    parts, done = [], 0
+    for m in _CANDIDATE_RE.finditer(llvm_ir):
+        if m.start() < done:
+            continue  # on a line already rewritten
+        start = llvm_ir.rfind("\n", 0, m.start()) + 1
+        end = llvm_ir.find("\n", m.end())
+        end = len(llvm_ir) if end < 0 else end
+        parts += [llvm_ir[done:start], _classic_line(llvm_ir[start:end])]
+        done = end
+    parts.append(llvm_ir[done:])
+    return "".join(parts)
+
+
+def _classic_line(line: str) -> str:
     line_type: list[str | None] = [None]
     skip_line = [False]
 
@@ -81,7 +101,7 @@ def _classic_float_literals(llvm_ir: str) -> str:
             return _nan_literal(m.group("nan"), m.group("sign"), int(m.group("payload") or "0", 16), last)
         word = m.group("word") or m.group("dec")
         return _hex_literal(float(word.replace("q", "")), last)
-    return _TOKEN_RE.sub(sub, "\n" + llvm_ir)[1:]
+    return _TOKEN_RE.sub(sub, "\n" + line)[1:]
 
 
 def emit_objects(llvm_ir: str, target: Target, kernels: list[str]) -> tuple[list[bytes], bool]:
