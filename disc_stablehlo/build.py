@@ -8,6 +8,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 from typing import Any, Sequence
 
 from . import mlir_support  # noqa: F401  (first: loads torch-mlir's native modules, see _load_mlir)
@@ -26,8 +27,10 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     to the inputs, kept for `disc.load`."""
     if _op_count(imported.module) >= HELPER_MIN_OPS:
         start_helper()  # code generation's helper process starts up while the MLIR passes run
+    start, upstream = time.perf_counter(), _upstream_seconds()
     lowered = compile_to_llvm(imported.module, imported.entry, imported.signature, tgt, imported.facts, imported.checked,
                               tuple(constraints), buffer_reuse, imported.params)
+    start = mlir_support.add_seconds(PASSES_STAGE, start + _upstream_seconds() - upstream)  # less what upstream MLIR took
     shapes = lowered.shapes
     if "shapes" in os.environ.get("DISC_LOG", "").split(","):
         print(shapes.report(), file=sys.stderr)
@@ -44,11 +47,13 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     objects, libmvec = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
     if image_ir is not None:
         objects.append(image_object(image_ir, host))
+    start = mlir_support.add_seconds("LLVM code generation", start)  # (GPU targets: the device code's too)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
         link_shared_object(objects, so_path, ral_library_dir(), libmvec)
         with open(so_path, "rb") as f:
             shared_object = f.read()
+    start = mlir_support.add_seconds("linking", start)
     info = {
         "kernels": [dataclasses.asdict(k) for k in lowered.kernels],
         "shape_report": shapes.report(),
@@ -61,8 +66,17 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     target = {"name": tgt.name, "triple": host.triple, "cpu": host.cpu, "cpu_flags": artifact.cpu_flags_needed(host.features)}
     if tgt.kind != "cpu":
         target.update(device_triple=tgt.triple, chip=tgt.cpu)
-    return artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
-                                           lowered.params, info, binding))
+    fills = artifact.write(path, artifact.Contents(imported.signature, lowered.assertions, target, shared_object, lowered.llvm_ir,
+                                                lowered.params, info, binding))
+    mlir_support.add_seconds("writing the artifact", start)
+    return fills
+
+
+PASSES_STAGE = "our passes, shape analysis, LLVM IR translation"
+
+
+def _upstream_seconds() -> float:
+    return sum(mlir_support.stage_seconds.get(s, 0.0) for s in (mlir_support.PIPELINES_STAGE, mlir_support.VERIFY_STAGE))
 
 
 # the RAL's library entries whose calls `CompiledFunction.stats` counts (the plain entry or the one with an epilogue)

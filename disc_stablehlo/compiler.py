@@ -7,7 +7,9 @@ import dataclasses
 import hashlib
 import importlib
 import os
+import sys
 import tempfile
+import time
 from typing import Any, Callable, Sequence
 
 from . import artifact, cache, worker
@@ -29,16 +31,18 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     `buffer_reuse=False` keeps every temporary until the call returns (for measuring what freeing
     buffers after their last use saves). `target`: "x86" (the host's processor), "cuda" or
     "cuda:<sm_XX>" (docs/gpu.md); default $DISC_TARGET, else "x86". `DISC_LOG=shapes` prints the
-    shape report after compiling."""
+    shape report after compiling, `DISC_LOG=compile` the time of each stage (`compile_seconds`)."""
     frontends = importlib.import_module(f"{__package__}.import")
     if not os.environ.get("DISC_CACHE_DIR"):  # with a cache, a hit needs no worker: it starts on a miss
         worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
+    start = time.perf_counter()
     source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
-    return compile_source(source, binding, constraints, target, buffer_reuse)
+    return compile_source(source, binding, constraints, target, buffer_reuse, export_seconds=time.perf_counter() - start)
 
 
 def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str | None = None,
-                   buffer_reuse: bool = True, progress: Callable[[str], None] | None = None) -> CompiledFunction:
+                   buffer_reuse: bool = True, progress: Callable[[str], None] | None = None,
+                   export_seconds: float | None = None) -> CompiledFunction:
     """The stages after the frontend's export (for frontends called from elsewhere, e.g. the
     dynamo backend): compiled by the worker, loaded here.
 
@@ -47,7 +51,10 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
     later process loads the artifact instead of generating code (its `compile_count` is 0), and
     one that exports the same bytes with the same options loads it without starting the compiler
     worker (`cache.py`).
-    `progress` is told the name of each stage as it starts."""
+    `progress` is told the name of each stage as it starts. The result's `compile_seconds` holds
+    the seconds each stage took (`export_seconds`: the frontend's export, when the caller timed
+    it); `DISC_LOG=compile` prints them."""
+    start = time.perf_counter()
     target = target or os.environ.get("DISC_TARGET", "x86")
     cache_dir = os.environ.get("DISC_CACHE_DIR")
     if source.weights and cache_dir:
@@ -60,13 +67,22 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
             os.unlink(source.payload)
         return CompiledFunction(Executable(artifact.read(path, verify=True), default_runtime()), binding, compile_count=0)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        path, cached = worker.compile(source, binding_json, tuple(constraints), target, buffer_reuse,
-                                      os.path.join(tmp, "compiled.disc"), progress)
+        path, cached, seconds = worker.compile(source, binding_json, tuple(constraints), target, buffer_reuse,
+                                               os.path.join(tmp, "compiled.disc"), progress)
+        loading = time.perf_counter()
         # mapped: the mapping outlives a temporary file; one this process has just completed needs no second checksum
         art = artifact.read(path, verify=cached)
     if cache_dir:
         cache.record(cache_dir, key, path)
-    return CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if cached else 1)
+    f = CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if cached else 1)
+    if not cached:
+        end = time.perf_counter()
+        f.compile_seconds = {**({"export": export_seconds} if export_seconds is not None else {}), **seconds,
+                             "loading": end - loading, "total": end - start + (export_seconds or 0.0)}
+        if "compile" in os.environ.get("DISC_LOG", "").split(","):
+            print("compile time:\n" + "".join(f"  {stage:<48} {s * 1e3:8.1f} ms\n" for stage, s in f.compile_seconds.items()),
+                  end="", file=sys.stderr)
+    return f
 
 
 def _digest(arrays: Sequence[Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 from typing import Callable, Iterator
 
 import sys
@@ -104,12 +105,30 @@ def call_target(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["call_target_name"]).value
 
 
+# seconds per stage of the compilation this process runs (one at a time: the worker's), reset by
+# the worker for each request and sent back with the artifact (`CompiledFunction.compile_seconds`)
+stage_seconds: dict[str, float] = {}
+
+
+def add_seconds(stage: str, start: float) -> float:
+    """Adds the time since `start` (a `time.perf_counter()`) to `stage`; returns now."""
+    now = time.perf_counter()
+    stage_seconds[stage] = stage_seconds.get(stage, 0.0) + now - start
+    return now
+
+
 def verify(module: ir.Module, stage: str) -> None:
     """Raises CompileError (with MLIR's diagnostics) when the module is not valid IR."""
+    start = time.perf_counter()
     try:
         module.operation.verify()
     except ir.MLIRError as e:
         raise CompileError(f"invalid IR before {stage} (a compiler bug):\n{e}") from None
+    finally:
+        add_seconds(VERIFY_STAGE, start)
+
+
+VERIFY_STAGE, PIPELINES_STAGE = "IR verification", "MLIR pass pipelines"
 
 
 def ignore_stage(stage: str) -> None:
@@ -139,6 +158,7 @@ def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
         return True
 
     handle = module.context.attach_diagnostic_handler(on_diag)
+    start = time.perf_counter()
     try:
         pm = passmanager.PassManager.parse(pipeline)
         pm.enable_verifier(debugging)
@@ -152,6 +172,7 @@ def run_pipeline(module: ir.Module, pipeline: str, stage: str) -> None:
         raise CompileError(msg) from None
     finally:
         handle.detach()
+        add_seconds(PIPELINES_STAGE, start)
     if saved is not None:
         save_temp(f"after_{stage.replace(' ', '_')}.mlir", str(module))
 

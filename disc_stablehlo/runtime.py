@@ -627,6 +627,7 @@ class CompiledFunction:
         self.signature = executable.signature
         self.kernels = art.kernels  # the loop nests (kind, ops inside) run on the RAL thread pool
         self.compile_count = compile_count  # native code generations: 1, or 0 when loaded
+        self.compile_seconds: dict[str, float] = {}  # the compilation's stages in this process (compiler.compile_source)
         kept = self._binding.kept_args
         self._select = None if kept is None or kept == tuple(range(self._binding.num_flat_args)) else kept
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from importlib import import_module
 from typing import Any, BinaryIO, Callable
 
@@ -177,24 +178,32 @@ def prepare(modules: tuple[str, ...]) -> None:
 
 
 def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
-            progress: Callable[[str], None] | None = None) -> tuple[str, bool]:
+            progress: Callable[[str], None] | None = None) -> tuple[str, bool, dict[str, float]]:
     """Compiles `source` into an artifact; returns its path (`out_path`, or in DISC_CACHE_DIR when
-    that is set) and whether it was found there, compiled before. The worker writes the file, this
-    process completes it with the weights the source held back (`artifact.complete`). `progress`
-    is told each stage as it starts."""
+    that is set), whether it was found there, compiled before, and the seconds each stage took
+    (none when found). The worker writes the file, this process completes it with the weights
+    the source held back (`artifact.complete`). `progress` is told each stage as it starts."""
     request = {"source": source, "binding": binding, "constraints": tuple(constraints), "target": target,
                "buffer_reuse": buffer_reuse, "out_path": out_path,
                "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}}
     w = worker() if enabled() else None
+    sent, picked_up = time.perf_counter(), []
+
+    def report(stage: str) -> None:
+        if not picked_up:  # the worker's first stage: it has started (a new worker loads MLIR and LLVM first)
+            picked_up.append(time.perf_counter())
+        (progress or _no_progress)(stage)
     try:
-        reply = w.compile(request, progress or _no_progress) if w else handle(request, progress or _no_progress)
+        reply = w.compile(request, report) if w else handle(request, report)
     finally:
         if source.kind == "torch" and not (w and w.crashed):  # the exporter's saved program (after a crash: the reproducer)
             os.unlink(source.payload)
     if "partial" not in reply:
-        return reply["path"], True
+        return reply["path"], True, {}
+    start = time.perf_counter()
     artifact.complete(reply["partial"], reply["path"], [(source.weights[i], at, nbytes) for i, at, nbytes in reply["fills"]])
-    return reply["path"], False
+    return reply["path"], False, {"waiting for the compiler worker": picked_up[0] - sent, **reply["seconds"],
+                                  "writing the weights": time.perf_counter() - start}
 
 
 def _no_progress(stage: str) -> None:
@@ -211,9 +220,12 @@ def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
 
     frontends = import_module(f"{__package__}.import")
     mlir_support.stage_listener = report
+    mlir_support.stage_seconds.clear()
     try:
         report("importing the module")
+        start = time.perf_counter()
         imported = frontends.import_source(request["source"])
+        mlir_support.add_seconds("importing the module", start)
         tgt = get_target(request["target"])
         cache = request["env"].get("DISC_CACHE_DIR")
         path = request["out_path"]
@@ -230,7 +242,7 @@ def handle(request: dict[str, Any], report: Callable[[str], None]) -> dict:
             if os.path.exists(partial):
                 os.unlink(partial)
             raise
-        return {"path": path, "partial": partial, "fills": fills}
+        return {"path": path, "partial": partial, "fills": fills, "seconds": dict(mlir_support.stage_seconds)}
     finally:
         mlir_support.stage_listener = mlir_support.ignore_stage
 

@@ -42,6 +42,33 @@ def test_the_worker_is_kept_for_later_compilations():
     assert worker.worker().proc.pid == first
 
 
+def test_compile_seconds_cover_every_stage_and_add_up(tmp_path, monkeypatch, capfd):
+    """`compile_seconds`: the frontend's export, the wait for the worker, the worker's stages
+    (MLIR pipelines, verification, our passes, LLVM, link), the caller's loading; they add up to
+    the total (less the messages' transfer), `DISC_LOG=compile` prints them, and a function
+    loaded from a file or the cache was not compiled here: none."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    monkeypatch.setenv("DISC_LOG", "compile")
+    n = export.symbolic_shape("n")[0]
+    f = disc.compile(lambda x: jnp.tanh(x) * 2, jax.ShapeDtypeStruct((n, 8), jnp.float32))
+    seconds = f.compile_seconds
+    for stage in ("export", "waiting for the compiler worker", "importing the module", "MLIR pass pipelines", "IR verification",
+                  "our passes, shape analysis, LLVM IR translation", "LLVM code generation", "linking", "loading", "total"):
+        assert seconds[stage] >= 0, stage
+    assert seconds["MLIR pass pipelines"] > 0 and seconds["LLVM code generation"] > 0
+    parts = sum(v for k, v in seconds.items() if k != "total")
+    assert parts <= seconds["total"] and parts > 0.8 * seconds["total"], seconds
+    assert "compile time:" in capfd.readouterr().err
+    f.save(tmp_path / "f.disc")
+    assert disc.load(tmp_path / "f.disc").compile_seconds == {}
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path / "cache"))
+    disc.compile(TANH)
+    assert disc.compile(TANH).compile_seconds == {}
+
+
 def test_the_worker_loads_the_importers_modules_before_the_request(capfd):
     """`prepare` has the worker import modules (the torch importer's) while the caller exports;
     one that fails to import changes nothing. (`this` prints when imported: the worker's output
