@@ -89,26 +89,29 @@ Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of
 
 def pack_slots(captured: list[ir.Value]) -> list[str]:
     """Lines that store the captured values (`%v<i>`) into a stack array `%buf` of 8-byte slots
-    (memref descriptors field by field)."""
+    (a memref descriptor in one store of its struct, whose fields fill consecutive slots: half the
+    host code's LLVM IR was these stores field by field)."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
     for i, v in enumerate(captured):
-        src = f"%v{i}"
+        lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
         if isinstance(v.type, ir.MemRefType):
             lines.append(f"%s{i} = builtin.unrealized_conversion_cast %v{i} : {v.type} to {_struct(v.type)}")
-        elif isinstance(v.type, ir.IndexType):
+            lines.append(f"llvm.store %s{i}, %p{slot} : {_struct(v.type)}, !llvm.ptr")
+            slot += len(_slots(v.type))
+            continue
+        src = f"%v{i}"
+        if isinstance(v.type, ir.IndexType):
             lines.append(f"%x{i} = arith.index_cast %v{i} : index to i64")
             src = f"%x{i}"
-        for k, (ty, pos) in enumerate(_slots(v.type)):
+        for k, (ty, _) in enumerate(_slots(v.type)):
             value = src
             if isinstance(v.type, ir.ComplexType):
                 value = f"%f{i}_{k}"
                 lines.append(f"{value} = complex.{('re', 'im')[k]} %v{i} : {v.type}")
-            elif pos:
-                value = f"%f{i}_{k}"
-                lines.append(f"{value} = llvm.extractvalue %s{i}[{', '.join(map(str, pos))}] : {_struct(v.type)}")
-            lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
+            if k:
+                lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
             lines.append(f"llvm.store {value}, %p{slot} : {ty}, !llvm.ptr")
             slot += 1
     return lines
