@@ -89,8 +89,8 @@ Bounds = list[tuple[int, int, int]]  # per loop dimension: captured positions of
 
 def pack_slots(captured: list[ir.Value]) -> list[str]:
     """Lines that store the captured values (`%v<i>`) into a stack array `%buf` of 8-byte slots
-    (a memref descriptor in one store of its struct, whose fields fill consecutive slots: half the
-    host code's LLVM IR was these stores field by field)."""
+    (a memref descriptor in one store of its struct, whose fields fill consecutive slots: a quarter of the
+    encoder's host LLVM IR was these stores field by field)."""
     lines, slot = ["%sp = llvm.intr.stacksave : !llvm.ptr"], 0
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
