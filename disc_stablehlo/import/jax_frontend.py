@@ -33,7 +33,9 @@ def _export_jax(fn: Any, *specs: Any) -> tuple[Source, Binding]:
         jax.tree_util.tree_unflatten(exported.in_tree, [0] * len(exported.in_avals)))[0]]
     names = [("args" if p[0].idx == 0 else "") + jax.tree_util.keystr(p[1:]) for p in paths]
     dims = tuple(tuple(d if isinstance(d, int) else str(d) for d in exported.in_avals[i].shape) for i in kept)
-    source = Source("stablehlo", exported.mlir_module(), dims, tuple(names[i] for i in kept), _explicit_constraints(exported))
+    # the portable artifact JAX serialized (its `mlir_module()` text took 15-20 ms to print and the
+    # worker's parse the same again; a CHLO composite in the text, top_k's, made the worker import jax)
+    source = Source("stablehlo", exported.mlir_module_serialized, dims, tuple(names[i] for i in kept), _explicit_constraints(exported))
     binding = Binding(kept, len(exported.in_avals), True, functools.partial(jax.tree_util.tree_unflatten, exported.out_tree))
     return source, binding
 
