@@ -47,6 +47,7 @@ class LoweringState:
         self.module = module
         self.counter = 0
         self.declared: set[str] = set()
+        self.functions: dict[str, str] = {}  # a replacing function's text, its name written @_: its name
 
     def fresh_symbol(self, stem: str) -> str:
         self.counter += 1
@@ -95,13 +96,21 @@ class LoweringState:
 
     def replace_with_call(self, op: ir.Operation, function_text: str, name: str,
                           users: Sequence[ir.Operation] = ()) -> None:
-        """`op` becomes a call of the function `name` on its operands. The call takes the place
+        """`op` becomes a call of the function `name` (`function_text` defines it, or an identical
+        function added before under its own name) on its operands. The call takes the place
         and results of `users[0]` (default: `op`) when the function computes that use of `op` as
         well (e.g. a transpose of its result), reached through the rest of `users` (each the only
         use of the one before, the last the only use of `op`); all are erased."""
         replaced = users[0] if users else op
         erase = [*users, op]  # a user goes first
-        self.add_function(function_text)
+        # ops that become the same function call one copy of it (the encoder layer's 55 broadcasts
+        # are 15 functions): each is inlined where it is called, but parsed once
+        key = function_text.replace(f"@{name}(", "@_(")
+        if key in self.functions:
+            name = self.functions[key]
+        else:
+            self.functions[key] = name
+            self.add_function(function_text)
         with ir.InsertionPoint(replaced), replaced.location:
             call = ir.Operation.create("func.call", results=[r.type for r in replaced.results], operands=list(op.operands),
                                        attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
