@@ -46,7 +46,7 @@ class ShapeFacts:
         self.facts: list[Fact] = []
         # what the ops' semantics made equal that nothing proved: (a, b, why, where), checked at run time
         self.assumed: list[tuple[Dim, Dim, str, str]] = []
-        self.site = ""  # the op the analysis is at (its location), while it walks the program
+        self.site: ir.Operation | None = None  # the op the analysis is at, while it walks the program
 
     def canon(self, d: Dim) -> Dim:
         for _ in range(16):  # substitutions are acyclic; the bound only guards against mistakes
@@ -63,8 +63,8 @@ class ShapeFacts:
         a, b = self.canon(a), self.canon(b)
         if a == b:
             return
-        if self.site:
-            self.assumed.append((a, b, why, self.site))
+        if self.site is not None:
+            self.assumed.append((a, b, why, f"{self.site.name} at {location_text(self.site)}"))
         # a common constant factor cancels (768*x == 768*b*s: x == b*s)
         common = math.gcd(*a.terms.values(), *b.terms.values())
         if common > 1:
@@ -214,7 +214,7 @@ class _Walker:
         for op in block.operations:
             op = op.operation
             rule = _RULES.get(op.name)
-            self.facts.site = f"{op.name} at {location_text(op)}"
+            self.facts.site = op
             out = rule(self, op) if rule else None
             out = out or self.result_dims(op)
             for r, d in zip(op.results, out):
@@ -769,7 +769,7 @@ def analyze(entry: ir.Operation, signature: Signature, facts: ShapeFacts) -> Sha
         w.dims[arg] = dims
         args.append((spec.name, dims))
     w.run(block)
-    facts.site = ""
+    facts.site = None
     _rebuild_shape_operands(w, block)
     ret = block.operations[len(block.operations) - 1]
     results = [w.of(v) for v in ret.operands]

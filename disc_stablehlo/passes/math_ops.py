@@ -152,13 +152,15 @@ _CONTRACTED = ("llvm.fmul", "llvm.fadd", "llvm.fsub")
 def contract_float_arithmetic(module: ir.Module) -> int:
     """Adds `contract` to the fast-math flags of every LLVM float multiplication, addition and
     subtraction in `module` (the LLVM dialect), keeping the flags they have; returns how many."""
-    count = 0
+    count, contracted = 0, {}  # flags -> the same with contract (parsed once)
     for op in walk(module.operation):
         if op.name not in _CONTRACTED:
             continue
         flags = str(op.attributes["fastmathFlags"]) if "fastmathFlags" in op.attributes else "#llvm.fastmath<none>"
-        kept = [f for f in flags[flags.index("<") + 1:-1].replace(" ", "").split(",") if f not in ("none", "contract", "")]
-        op.attributes["fastmathFlags"] = ir.Attribute.parse(f"#llvm.fastmath<{', '.join(kept + ['contract'])}>")
+        if flags not in contracted:
+            kept = [f for f in flags[flags.index("<") + 1:-1].replace(" ", "").split(",") if f not in ("none", "contract", "")]
+            contracted[flags] = ir.Attribute.parse(f"#llvm.fastmath<{', '.join(kept + ['contract'])}>")
+        op.attributes["fastmathFlags"] = contracted[flags]
         count += 1
     return count
 
