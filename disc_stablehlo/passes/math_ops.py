@@ -146,23 +146,26 @@ def reciprocals_of_row_divisors(module: ir.Module) -> int:
     return count
 
 
-_CONTRACTED = ("llvm.fmul", "llvm.fadd", "llvm.fsub")
+CONTRACTED = ("llvm.fmul", "llvm.fadd", "llvm.fsub")
 
 
-def contract_float_arithmetic(module: ir.Module) -> int:
-    """Adds `contract` to the fast-math flags of every LLVM float multiplication, addition and
-    subtraction in `module` (the LLVM dialect), keeping the flags they have; returns how many."""
-    count, contracted = 0, {}  # flags -> the same with contract (parsed once)
+def contract(op: ir.Operation, parsed: dict[str, ir.Attribute]) -> None:
+    """Adds `contract` to the fast-math flags of an LLVM float multiplication, addition or
+    subtraction, keeping the flags it has (`parsed`: flags -> the same with contract, shared by
+    the calls of one walk)."""
+    flags = str(op.attributes["fastmathFlags"]) if "fastmathFlags" in op.attributes else "#llvm.fastmath<none>"
+    if flags not in parsed:
+        kept = [f for f in flags[flags.index("<") + 1:-1].replace(" ", "").split(",") if f not in ("none", "contract", "")]
+        parsed[flags] = ir.Attribute.parse(f"#llvm.fastmath<{', '.join(kept + ['contract'])}>")
+    op.attributes["fastmathFlags"] = parsed[flags]
+
+
+def contract_float_arithmetic(module: ir.Module) -> None:
+    """`contract` on every LLVM float multiplication, addition and subtraction of `module`."""
+    parsed: dict[str, ir.Attribute] = {}
     for op in walk(module.operation):
-        if op.name not in _CONTRACTED:
-            continue
-        flags = str(op.attributes["fastmathFlags"]) if "fastmathFlags" in op.attributes else "#llvm.fastmath<none>"
-        if flags not in contracted:
-            kept = [f for f in flags[flags.index("<") + 1:-1].replace(" ", "").split(",") if f not in ("none", "contract", "")]
-            contracted[flags] = ir.Attribute.parse(f"#llvm.fastmath<{', '.join(kept + ['contract'])}>")
-        op.attributes["fastmathFlags"] = contracted[flags]
-        count += 1
-    return count
+        if op.name in CONTRACTED:
+            contract(op, parsed)
 
 
 def boolean_sums_as_or(module: ir.Module) -> int:

@@ -5,7 +5,7 @@ rejects. Every unsigned type becomes the signless type of the same width (the bi
 are the same), and the casts that became identities dissolve.
 
 After the lowering to LLVM, booleans in memory are accessed as the bytes they are
-(`booleans_as_bytes`): LLVM's loop vectoriser leaves every loop that loads or stores an `i1`
+(`boolean_access_as_bytes`): LLVM's loop vectoriser leaves every loop that loads or stores an `i1`
 scalar (an "irregular" type, one bit stored in a byte), so a select on a boolean mask ran one
 element at a time."""
 
@@ -45,25 +45,24 @@ def make_signless(module: ir.Module) -> None:
             op.erase()
 
 
-def booleans_as_bytes(module: ir.Module) -> None:
-    """Each `llvm.load` of an i1 becomes a load of its byte and a compare with zero (any nonzero
-    byte is true, as numpy reads a bool), each store of an i1 a zero-extension and a byte store;
-    the attributes (alignment, ordering, ...) stay."""
-    i1, i8 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(8)
-    i64 = ir.IntegerType.get_signless(64)
-    for op in walk(module.operation):
-        if op.name == "llvm.load" and op.results[0].type == i1:
-            attrs = {name: op.attributes[name] for name in op.attributes}
-            with ir.InsertionPoint(op), op.location:
-                byte = ir.Operation.create("llvm.load", results=[i8], operands=[op.operands[0]], attributes=attrs).result
-                zero = ir.Operation.create("llvm.mlir.constant", results=[i8], attributes={"value": ir.IntegerAttr.get(i8, 0)}).result
-                ne = ir.Operation.create("llvm.icmp", results=[i1], operands=[byte, zero],
-                                         attributes={"predicate": ir.IntegerAttr.get(i64, 1)})  # ICmpPredicate::ne
-            op.results[0].replace_all_uses_with(ne.result)
-            op.erase()
-        elif op.name == "llvm.store" and op.operands[0].type == i1:
-            attrs = {name: op.attributes[name] for name in op.attributes}
-            with ir.InsertionPoint(op), op.location:
-                byte = ir.Operation.create("llvm.zext", results=[i8], operands=[op.operands[0]]).result
-                ir.Operation.create("llvm.store", operands=[byte, op.operands[1]], attributes=attrs)
-            op.erase()
+def boolean_access_as_bytes(op: ir.Operation) -> None:
+    """An `llvm.load` of an i1 becomes a load of its byte and a compare with zero (any nonzero
+    byte is true, as numpy reads a bool), a store of an i1 a zero-extension and a byte store;
+    the attributes (alignment, ordering, ...) stay. Other ops are left as they are."""
+    i1 = ir.IntegerType.get_signless(1)
+    if op.name == "llvm.load" and op.results[0].type == i1:
+        i8, i64 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(64)
+        attrs = {name: op.attributes[name] for name in op.attributes}
+        with ir.InsertionPoint(op), op.location:
+            byte = ir.Operation.create("llvm.load", results=[i8], operands=[op.operands[0]], attributes=attrs).result
+            zero = ir.Operation.create("llvm.mlir.constant", results=[i8], attributes={"value": ir.IntegerAttr.get(i8, 0)}).result
+            ne = ir.Operation.create("llvm.icmp", results=[i1], operands=[byte, zero],
+                                     attributes={"predicate": ir.IntegerAttr.get(i64, 1)})  # ICmpPredicate::ne
+        op.results[0].replace_all_uses_with(ne.result)
+        op.erase()
+    elif op.name == "llvm.store" and op.operands[0].type == i1:
+        attrs = {name: op.attributes[name] for name in op.attributes}
+        with ir.InsertionPoint(op), op.location:
+            byte = ir.Operation.create("llvm.zext", results=[ir.IntegerType.get_signless(8)], operands=[op.operands[0]]).result
+            ir.Operation.create("llvm.store", operands=[byte, op.operands[1]], attributes=attrs)
+        op.erase()
