@@ -95,25 +95,21 @@ def pack_slots(captured: list[ir.Value]) -> list[str]:
     total = sum(len(_slots(v.type)) for v in captured)
     lines += [f"%count = llvm.mlir.constant({total} : i64) : i64", "%buf = llvm.alloca %count x i64 : (i64) -> !llvm.ptr"]
     for i, v in enumerate(captured):
-        lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
         if isinstance(v.type, ir.MemRefType):
+            stores = [(f"%s{i}", _struct(v.type))]
             lines.append(f"%s{i} = builtin.unrealized_conversion_cast %v{i} : {v.type} to {_struct(v.type)}")
-            lines.append(f"llvm.store %s{i}, %p{slot} : {_struct(v.type)}, !llvm.ptr")
-            slot += len(_slots(v.type))
-            continue
-        src = f"%v{i}"
-        if isinstance(v.type, ir.IndexType):
+        elif isinstance(v.type, ir.ComplexType):
+            stores = [(f"%f{i}_{k}", ty) for k, (ty, _) in enumerate(_slots(v.type))]
+            lines += [f"%f{i}_{k} = complex.{part} %v{i} : {v.type}" for k, part in enumerate(("re", "im"))]
+        elif isinstance(v.type, ir.IndexType):
+            stores = [(f"%x{i}", "i64")]
             lines.append(f"%x{i} = arith.index_cast %v{i} : index to i64")
-            src = f"%x{i}"
-        for k, (ty, _) in enumerate(_slots(v.type)):
-            value = src
-            if isinstance(v.type, ir.ComplexType):
-                value = f"%f{i}_{k}"
-                lines.append(f"{value} = complex.{('re', 'im')[k]} %v{i} : {v.type}")
-            if k:
-                lines.append(f"%p{slot} = llvm.getelementptr %buf[{slot}] : (!llvm.ptr) -> !llvm.ptr, i64")
-            lines.append(f"llvm.store {value}, %p{slot} : {ty}, !llvm.ptr")
-            slot += 1
+        else:
+            stores = [(f"%v{i}", str(v.type))]
+        for at, (value, ty) in enumerate(stores, slot):  # a descriptor's one store fills all its slots
+            lines.append(f"%p{at} = llvm.getelementptr %buf[{at}] : (!llvm.ptr) -> !llvm.ptr, i64")
+            lines.append(f"llvm.store {value}, %p{at} : {ty}, !llvm.ptr")
+        slot += len(_slots(v.type))
     return lines
 
 
