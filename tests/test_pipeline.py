@@ -782,6 +782,36 @@ def test_long_loop_bodies_are_interleaved_and_every_row_length_is_computed():
             np.testing.assert_allclose(f(x, y), fn(x, y), rtol=2e-6, atol=1e-6, err_msg=f"{fn.__name__}, row length {s}")
 
 
+def test_heavy_row_passes_prefetch_the_next_row_and_every_row_is_computed():
+    """Softmax and log-softmax (a heavy exp pass after the max) prefetch the next row's input in
+    strips of their exp pass, in rows of PREFETCH_MIN_ROW elements or more
+    (`loops.prefetch_next_rows`); layer norm (light passes) does not. Every row length and row
+    count gives the right values: strips and their remainders, the last row (whose next row is
+    itself), leading dims collapsed into rows."""
+    import jax
+    from conftest import specs_for
+
+    from disc_stablehlo.passes import loops
+
+    def softmax(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    def log_softmax(x):
+        return jax.nn.log_softmax(x, axis=-1)
+
+    def layer_norm(x):
+        mean = x.mean(-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    for fn in (softmax, log_softmax, layer_norm):
+        f = disc.compile(fn, *specs_for([(("b", "h", "s"), np.float32)], "b, h, s"))
+        assert ("@llvm.prefetch" in f.llvm_ir) == (fn is not layer_norm), fn.__name__
+        for b, h, s in ((1, 1, 1), (1, 3, 7), (2, 1, 255), (1, 2, 1023), (3, 1, 1024), (1, 3, 1025), (2, 2, 2000)):
+            x = np.random.default_rng(s).standard_normal((b, h, s)).astype(np.float32) * 3
+            np.testing.assert_allclose(f(x), fn(x), rtol=2e-5, atol=2e-6, err_msg=f"{fn.__name__} {(b, h, s)}")
+    assert loops.PREFETCH_MIN_ROW <= 1025 and loops.PREFETCH_STRIP < 2000
+
+
 def test_booleans_in_memory_are_accessed_as_bytes():
     """LLVM vectorises no loop that loads or stores an i1, so booleans in memory are read and
     written as their bytes; any nonzero byte is true, as numpy reads a bool."""

@@ -750,3 +750,120 @@ def interleave_long_loops(module: ir.Module, kernels: list[str]) -> int:
                 loop.attributes["loop_annotation"] = annotation
                 count += 1
     return count
+
+
+
+# prefetch_next_rows: the heavy loop runs in strips of PREFETCH_STRIP elements, each fetching the
+# same columns of the next row, a cache line (LINE_BYTES) per prefetch, into L2 (locality 2), in
+# rows of PREFETCH_MIN_ROW elements or more
+PREFETCH_STRIP, LINE_BYTES, PREFETCH_LOCALITY, PREFETCH_MIN_ROW = 256, 64, 2, 1024
+
+
+def _work(loop: ir.Operation) -> int:
+    """The ops in a loop's body, a math function (exp, log, tanh: a polynomial) counted LONG_BODY."""
+    return sum(LONG_BODY if o.name.startswith("math.") and o.name not in _SHORT_MATH else 1 for o in list(walk(loop))[1:])
+
+
+def _index_slice(values: list[ir.Value], leaves: list[ir.Value], outside: ir.Operation) -> list[ir.Operation] | None:
+    """The ops, in order, that compute `values` from `leaves` and values defined outside
+    `outside`, all single-result arith ops; None when they depend on anything else."""
+    ops: list[ir.Operation] = []
+
+    def visit(v: ir.Value) -> bool:
+        if v in leaves or defined_outside(v, outside):
+            return True
+        if isinstance(v.owner, ir.Block):
+            return False
+        op = operation(v.owner)
+        if not op.name.startswith("arith.") or len(op.results) != 1 or op.regions:
+            return False
+        if op not in ops:
+            if not all(visit(o) for o in op.operands):
+                return False
+            ops.append(op)
+        return True
+
+    return ops if all(visit(v) for v in values) else None
+
+
+def _scf_for(lb: ir.Value, ub: ir.Value, step: ir.Value, inits: list[ir.Value]) -> tuple[ir.Operation, ir.Block]:
+    """An scf.for at the current insertion point, its body empty (no terminator yet)."""
+    loop = ir.Operation.create("scf.for", operands=[lb, ub, step, *inits], results=[v.type for v in inits], regions=1)
+    return loop, loop.regions[0].blocks.append(ir.IndexType.get(), *[v.type for v in inits])
+
+
+def prefetch_next_rows(module: ir.Module) -> int:
+    """A fused row kernel (softmax, log-softmax: "stitch" fusion) reads its row from memory in
+    its first pass (the max), which the hardware prefetcher streams; its later passes run from
+    the cache, and the heaviest (exp) is compute bound while memory idles. That pass now runs in
+    strips, and each strip first prefetches the same columns of the next row of the inputs the
+    first pass reads, so the next row's first pass reads from L2 and memory works while the core
+    computes. Only kernels whose heaviest later pass has LONG_BODY ops or more (a math function
+    counts as that many): light ones (layer norm) already run at the copy rate. Measured on this
+    project's 2-core Zen 3 (benchmarks/README.md): softmax over (4096, 4096) 12.5 -> 14.6 GB/s,
+    log-softmax 10.8 -> 13.8, unchanged within noise on rows the caches hold. Returns the count."""
+    changed = 0
+    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and _dims(op) == 1
+                 and FUSED_ATTR in op.attributes and ir.StringAttr(op.attributes[FUSED_ATTR]).value == "stitch"]:
+        body = loop.regions[0].blocks[0]
+        inner = [op.operation for op in body.operations if op.name in ("scf.for", "scf.parallel")]
+        if len(inner) < 2 or not all(len(loop_bounds(i)) == 1 and not any(o.name in ("scf.for", "scf.parallel", "scf.while")
+                                                                          for o in list(walk(i))[1:]) for i in inner):
+            continue
+        first, heavy = inner[0], max(inner[1:], key=_work)
+        lb, ub, step = loop_bounds(heavy)[0]
+        if (_work(heavy) < LONG_BODY or int_constant(step) != 1 or not (defined_outside(lb, loop) and defined_outside(ub, loop))
+                or not all(_same_bound(a, b) for a, b in zip(loop_bounds(first)[0], (lb, ub, step)))):
+            continue
+        row, column = body.arguments[0], first.regions[0].blocks[0].arguments[0]
+        written = {_root(o.operands[1]) for o in walk(loop) if o.name == "memref.store"}
+        reads = []  # (memref, its indices, the ops computing them)
+        for op in walk(first):
+            if op.name != "memref.load" or not defined_outside(op.operands[0], loop) or _root(op.operands[0]) in written:
+                continue
+            ref, indices = op.operands[0], list(op.operands)[1:]
+            computed = _index_slice(indices, [row, column], loop)
+            if (indices and indices[-1] == column and computed is not None
+                    and isinstance(ir.MemRefType(ref.type).element_type, ir.FloatType)):
+                reads.append((ref, indices, computed))
+        if not reads:
+            continue
+        with ir.InsertionPoint(loop), loop.location:
+            long = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(PREFETCH_MIN_ROW))
+        with ir.InsertionPoint(heavy), heavy.location:
+            _, rows, _ = loop_bounds(loop)[0]
+            one = index_constant(1)
+            following = _binary("arith.minsi", _binary("arith.addi", row, one), _binary("arith.subi", rows, one))
+            inits = list(heavy.operands)[3:] if heavy.name == "scf.for" else []
+            strip, strip_body = _scf_for(lb, ub, index_constant(PREFETCH_STRIP), inits)
+        with ir.InsertionPoint(strip_body), heavy.location:
+            start = strip_body.arguments[0]
+            end = _binary("arith.minsi", _binary("arith.addi", start, index_constant(PREFETCH_STRIP)), ub)
+            when_long = ir.Operation.create("scf.if", operands=[long], regions=2)  # no else
+        with ir.InsertionPoint(when_long.regions[0].blocks.append()), heavy.location:
+            for ref, indices, computed in reads:
+                line = max(1, LINE_BYTES * 8 // ir.MemRefType(ref.type).element_type.width)
+                fetch, fetch_body = _scf_for(start, end, index_constant(line), [])
+                with ir.InsertionPoint(fetch_body):
+                    mapping = {row: following, column: fetch_body.arguments[0]}
+                    for op in computed:
+                        clone = op.clone()
+                        for k, v in enumerate(op.operands):
+                            clone.operands[k] = mapping.get(v, v)
+                        mapping[op.result] = clone.result
+                    ir.Operation.create("memref.prefetch", operands=[ref, *[mapping.get(v, v) for v in indices]], attributes={
+                        "isWrite": ir.BoolAttr.get(False), "isDataCache": ir.BoolAttr.get(True),
+                        "localityHint": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), PREFETCH_LOCALITY)})
+                    ir.Operation.create("scf.yield")
+            ir.Operation.create("scf.yield")
+        with ir.InsertionPoint(strip_body), heavy.location:
+            part = heavy.clone()
+            part.operands[0], part.operands[1] = start, end
+            for k in range(len(inits)):
+                part.operands[3 + k] = strip_body.arguments[1 + k]
+            ir.Operation.create("scf.yield", operands=list(part.results))
+        for old, new in zip(heavy.results, strip.results):
+            old.replace_all_uses_with(new)
+        heavy.erase()
+        changed += 1
+    return changed

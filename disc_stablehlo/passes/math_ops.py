@@ -50,6 +50,7 @@ from torch_mlir import ir
 from ..mlir_support import broadcast_like, create_value, defined_outside, walk
 
 _EXP_RANGE = (-103.97208404541016, 89.0)  # the largest f32 below -150 ln 2; exp is inf above 89
+_ROUNDING, _ROUNDING_BITS = 12582912.0, 0x4B400000  # 1.5 * 2^23 and its bits
 _LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068202862268e-06  # 16 significant bits, and the rest of ln 2
 # exp(r) = 1 + r + r^2 (c2 + c3 r + ... + c6 r^4), a weighted least-squares fit (nearly minimax in
 # relative error) on |r| <= ln(2) / 2
@@ -75,19 +76,23 @@ def _exp_f32(x: ir.Value) -> ir.Value:
     i1 = ir.IntegerType.get_signless(1)
     below = create_value("arith.cmpf", [x, _const(lo, f32)], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 4))  # olt
     clamped = f("arith.select", below, _const(0.0, f32), f("arith.minimumf", x, _const(hi, f32)))
-    n = f("math.roundeven", f("arith.mulf", clamped, _const(1 / math.log(2), f32)))
+    # n = x / ln 2 rounded to the nearest integer by adding and subtracting 1.5 * 2^23 (whose ulp is
+    # 1), and k, its integer, from the sum's bits: no float-to-integer conversion, whose result for
+    # a NaN is undefined (poison) in LLVM, so a NaN needs no select of its own: it stays NaN through
+    # the polynomial
+    shifted = f("arith.addf", f("arith.mulf", clamped, _const(1 / math.log(2), f32)), _const(_ROUNDING, f32))
+    n = f("arith.subf", shifted, _const(_ROUNDING, f32))
     r = f("arith.subf", f("arith.subf", clamped, f("arith.mulf", n, _const(_LN2_HI, f32))), f("arith.mulf", n, _const(_LN2_LO, f32)))
     poly = _const(_EXP_POLY[-1], f32)
     for c in reversed(_EXP_POLY[:-1]):
         poly = f("arith.addf", f("arith.mulf", poly, r), _const(c, f32))
     e_r = f("arith.addf", f("arith.addf", f("arith.mulf", f("arith.mulf", r, r), poly), r), _const(1.0, f32))
-    k = i("arith.fptosi", n)
+    k = i("arith.subi", i("arith.bitcast", shifted), _const(_ROUNDING_BITS, i32))
     half = i("arith.shrsi", k, _const(1, i32))
     for part in (half, i("arith.subi", k, half)):  # 2^half * 2^(k - half): both normal for k in [-150, 128]
         power = f("arith.bitcast", i("arith.shli", i("arith.addi", part, _const(127, i32)), _const(23, i32)))
         e_r = f("arith.mulf", e_r, power)
-    nan = create_value("arith.cmpf", [x, x], i1, predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 14))  # uno
-    return f("arith.select", nan, x, f("arith.select", below, _const(0.0, f32), e_r))
+    return f("arith.select", below, _const(0.0, f32), e_r)
 
 
 def exp_inline(module: ir.Module) -> int:

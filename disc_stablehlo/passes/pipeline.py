@@ -28,7 +28,7 @@ from .dims import expose_divisibility, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
-                    interleave_long_loops, schedule_column_reductions, version_broadcasts, version_vector_tails)
+                    interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
@@ -180,7 +180,9 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         if target.kind == "cpu":
             version_vector_tails(module, target.vector_elements())
             version_broadcasts(module)
-        run_pipeline(module, "builtin.module(canonicalize, cse)", "loop clean-up")
+        run_pipeline(module, "builtin.module(loop-invariant-code-motion, canonicalize, cse)", "loop clean-up")
+        if target.kind == "cpu":
+            prefetch_next_rows(module)
         if target.kind != "cpu":
             reshapes_with_host_sizes(module)
             mark_serial_loops(module, (GUARD_FUNCTION,))
