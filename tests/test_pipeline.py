@@ -522,9 +522,10 @@ def test_gather_by_iota_indices_is_a_plain_read():
 def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
     """A reduction over a non-innermost dim runs, when the innermost extent is at least a vector,
     as blocks of columns with the reduction loop outside a contiguous loop (the "column"
-    versions: narrow blocks, or wide ones where the loop reads more than the caches hold),
-    otherwise each column on its own (the "row" version); the statistics say which ran. With a
-    static innermost extent the row version is left out at compile time."""
+    versions: narrow blocks, or, where the loop reads more than the caches hold, the reduced rows
+    split into chunks whose partial results a second loop combines ("split": at least 128 rows),
+    or wide blocks), otherwise each column on its own (the "row" version); the statistics say
+    which ran. With a static innermost extent the row version is left out at compile time."""
     import jax.numpy as jnp
     from conftest import specs_for
 
@@ -535,13 +536,15 @@ def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
 
     f = disc.compile(fn, *specs_for([(("r", "c"), np.float32), (("b", "s", 64), np.float32)], "r, c, b, s"))
     versions = sorted(k.version for k in f.kernels)
-    assert versions == ["column, narrow", "column, narrow", "column, wide", "column, wide", "row"], [str(k) for k in f.kernels]
+    assert versions == ["column, narrow"] * 2 + ["column, wide, split"] * 2 + ["column, wide, split, partial"] * 2 + [
+        "column, wide, wide"] * 2 + ["row"], [str(k) for k in f.kernels]
     name: dict[str, str] = {}
     for k in f.kernels:  # x.max(0)'s kernels come first
-        if k.version in ("row", "column, wide"):
+        if k.version in ("row", "column, wide, wide", "column, wide, split, partial"):
             name.setdefault(k.version, k.name)
-    wide_rows = loops.WIDE_BYTES // 4 // 1000 + 1
-    for (r, c), (b, s) in [((4096, 5), (2, 3)), ((3, 300), (7, 40)), ((1, 16), (1, 1)), ((wide_rows, 1000), (3, 40))]:
+    split_rows, wide_columns = loops.WIDE_BYTES // 4 // 1000 + 1, loops.WIDE_BYTES // 4 // 100 + 1
+    for (r, c), (b, s) in [((4096, 5), (2, 3)), ((3, 300), (7, 40)), ((1, 16), (1, 1)), ((split_rows, 1000), (3, 40)),
+                           ((100, wide_columns), (1, 1))]:
         rng = np.random.default_rng(r * c)
         x, y = rng.standard_normal((r, c)).astype(np.float32), rng.standard_normal((b, s, 64)).astype(np.float32)
         before = f.stats()
@@ -550,7 +553,54 @@ def test_column_reductions_get_a_column_schedule_chosen_at_run_time():
         np.testing.assert_allclose(mean, np.tanh(y.mean(1)), rtol=1e-5, atol=1e-6)
         after = f.stats()
         ran = {v for v, k in name.items() if after[k]["calls"] > before[k]["calls"]}
-        assert ran == ({"row"} if c < 16 else {"column, wide"} if r == wide_rows else set()), ran
+        expected = {"row"} if c < 16 else {"column, wide, split, partial"} if r == split_rows else {"column, wide, wide"} if r == 100 else set()
+        assert ran == expected, ran
+
+
+def test_split_column_reductions_combine_their_chunks_exactly():
+    """The "split" column schedule: a sum, mean, product, maximum or minimum over the rows of a
+    tall matrix, or over the middle dim of [b, s, h], with row counts the chunks do not divide,
+    in float32 and float64, matches numpy; NaN stays NaN; the partial kernel ran on the pool."""
+    import jax.numpy as jnp
+    from conftest import specs_for
+
+    from disc_stablehlo.passes import loops
+
+    tall = [(loops.WIDE_BYTES // 4 // 300 + 37, 300), (loops.SPLIT_CHUNKS * 1000 + 3, 170)]
+    cases = [(lambda x: x.sum(0), np.float32, tall), (lambda x: x.mean(0), np.float32, tall[:1]),
+             (lambda x: (x * 0.001 + 1).prod(0), np.float32, tall[:1]), (lambda x: x.max(0), np.float32, tall[:1]),
+             (lambda x: x.min(0), np.float64, tall[:1]), (lambda x: jnp.sum(x, 1), np.float64, [(2, 1401, 1000), (3, 129, 9000)])]
+    for fn, dtype, shapes in cases:
+        dims = ("r", "c") if len(shapes[0]) == 2 else ("b", "s", "h")
+        f = disc.compile(fn, *specs_for([(dims, dtype)], ", ".join(dims)))
+        (partial,) = [k.name for k in f.kernels if k.version.endswith("split, partial")]
+        for shape in shapes:
+            x = np.random.default_rng(shape[0]).standard_normal(shape).astype(dtype)
+            x.flat[shape[-1] + 3] = np.nan
+            before = f.stats()[partial]["pool"]
+            exact = np.asarray(fn(x.astype(np.float64)))
+            scale = np.max(np.asarray(fn(np.nan_to_num(np.abs(x)).astype(np.float64))))  # rounding grows with the |x| summed
+            np.testing.assert_allclose(f(x), exact, rtol=1e-3 if dtype == np.float32 else 1e-9, atol=8 * np.finfo(dtype).eps * scale)
+            assert f.stats()[partial]["pool"] == before + 1, (shape, dtype)
+
+
+def test_fused_column_reductions_keep_the_column_schedule():
+    """Several column reductions fused over the same columns (a mean, then the variance around it,
+    and a maximum) run in column blocks too (each reduction loop outside the block's loop), not one
+    column at a time down the rows; every version gives numpy's values."""
+    from conftest import specs_for
+
+    from disc_stablehlo.passes import loops
+
+    def stats(x):
+        return x.mean(0), x.var(0), x.max(0)
+
+    f = disc.compile(stats, *specs_for([(("r", "c"), np.float32)], "r, c"))
+    assert sorted(k.version for k in f.kernels) == ["column, narrow", "column, wide", "row"], [str(k) for k in f.kernels]
+    for r, c in ((5, 3), (100, 40), (loops.WIDE_BYTES // 4 // 500 + 1, 500)):
+        x = np.random.default_rng(r).standard_normal((r, c)).astype(np.float32) + 3
+        for got, want in zip(f(x), stats(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_transposed_gemm_operands_are_read_in_place():

@@ -413,6 +413,10 @@ def _invariant_read(op: ir.Operation, loop: ir.Operation, written: set, moved: l
 
 
 VERSION_ATTR = "disc.version"  # on a loop generated in several versions: which one it is
+# on a loop generated for large inputs only: it runs on the thread pool whatever the host's work
+# estimate says (which counts the loop's iterations and those of body loops with bounds known
+# outside it: not the columns of a column block)
+POOL_ATTR = "disc.pool"
 
 COLUMN_VECTORS = 4  # vectors of columns per block of the column schedule (AVX-512: 64 f32, 256 bytes per row)
 # The "wide" column schedule: about WIDE_BLOCKS blocks of 4 to WIDE_VECTORS vectors, for loops that
@@ -526,49 +530,60 @@ def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -
     return copy
 
 
-def _column_reduction(loop: ir.Operation) -> ir.Operation | None:
-    """The reduction loop of a parallel loop whose rows reduce along a non-innermost dim: its
-    body is one `scf.for` (no carried values) with ops around it that neither feed it nor each
-    other across it, and inside, the loop's innermost induction variable is the last index of a
-    load while the reduction's is never a last index. None for anything else."""
+def _column_reductions(loop: ir.Operation) -> list[ir.Operation]:
+    """The reduction loops of a parallel loop whose rows reduce along a non-innermost dim (one,
+    or several fused: a column's sum and maximum, its mean and then its variance): its body is
+    `scf.for`s (no carried values) with ops around them that neither feed them nor each other
+    across them, and inside each, the loop's innermost induction variable is the last index of a
+    load while the reduction's is never a last index. Empty for anything else."""
     body = loop.regions[0].blocks[0]
     ops = [o.operation for o in body.operations][:-1]
     fors = [o for o in ops if o.name == "scf.for"]
-    if len(fors) != 1 or fors[0].results or any(o.regions for o in ops if o != fors[0]):
-        return None
-    red = fors[0]
+    if not fors or any(f.results for f in fors) or any(o.regions for o in ops if o.name != "scf.for"):
+        return []
     n = body.arguments[len(body.arguments) - 1]
     if int_constant(loop_bounds(loop)[-1][2]) != 1:
-        return None
-    i = ops.index(red)
-    for group in (ops[:i], [red], ops[i + 1:]):
+        return []
+    groups, start = [], 0
+    for red in fors:
+        i = ops.index(red)
+        groups += [ops[start:i], [red]]
+        start = i + 1
+    for group in groups + [ops[start:]]:
         inside = [x for op in group for x in walk(op)]
         for op in inside:
             for v in op.results:
                 if any(not any(operation(u.owner) == x for x in inside) for u in v.uses):
-                    return None  # a value crosses groups
-    last = [list(op.operands)[-1] for op in walk(red) if op.name == "memref.load" and len(list(op.operands)) > 1]
-    m = red.regions[0].blocks[0].arguments[0]
-    return red if any(v == n for v in last) and not any(v == m for v in last) else None
+                    return []  # a value crosses groups
+    for red in fors:
+        last = [list(op.operands)[-1] for op in walk(red) if op.name == "memref.load" and len(list(op.operands)) > 1]
+        m = red.regions[0].blocks[0].arguments[0]
+        if not any(v == n for v in last) or any(v == m for v in last):
+            return []
+    return fors
 
 
-def _column_schedule(loop: ir.Operation, red: ir.Operation, vector: int, wide: bool) -> None:
+def _column_schedule(loop: ir.Operation, reds: list[ir.Operation], vector: int, kind: str) -> None:
     """parallel (..., n) { pre; for m { body }; post } ->
     parallel (..., block) { for n in block { pre }; for m { for n in block { body } }; for n in block { post } }
+    (and so on for each of several reduction loops `reds`)
     (with `for m` a perfect nest of reduction loops, the column loop goes inside the innermost);
-    blocks of COLUMN_VECTORS vectors, or `wide`: of the columns over WIDE_BLOCKS, rounded up to
-    whole vectors, from COLUMN_VECTORS to WIDE_VECTORS vectors (computed at run time)"""
+    blocks (`kind`) of COLUMN_VECTORS vectors ("narrow"), of the columns over WIDE_BLOCKS, rounded
+    up to whole vectors, from COLUMN_VECTORS to WIDE_VECTORS vectors ("wide"), or of all columns
+    up to SPLIT_BLOCK_VECTORS vectors ("split"; the last two computed at run time)"""
     bounds = loop_bounds(loop)
     lb, ub, _ = bounds[-1]
     old = loop.regions[0].blocks[0]
     ops = [o.operation for o in old.operations][:-1]
-    i = ops.index(red)
     with ir.InsertionPoint(loop), loop.location:
         extent = _binary("arith.subi", ub, lb)
         block = index_constant(COLUMN_VECTORS * vector)
-        if wide:
+        if kind == "wide":
             vectors = _binary("arith.ceildivsi", _binary("arith.ceildivsi", extent, index_constant(WIDE_BLOCKS)), index_constant(vector))
             vectors = _binary("arith.minsi", _binary("arith.maxsi", vectors, index_constant(COLUMN_VECTORS)), index_constant(WIDE_VECTORS))
+            block = _binary("arith.muli", vectors, index_constant(vector))
+        elif kind == "split":
+            vectors = _binary("arith.minsi", _binary("arith.ceildivsi", extent, index_constant(vector)), index_constant(SPLIT_BLOCK_VECTORS))
             block = _binary("arith.muli", vectors, index_constant(vector))
         count = _binary("arith.ceildivsi", extent, block)
         new, body = _new_loop(bounds[:-1] + [(index_constant(0), count, index_constant(1))])
@@ -591,20 +606,24 @@ def _column_schedule(loop: ir.Operation, red: ir.Operation, vector: int, wide: b
             op.move_before(yield_op)
             _read_as(op, [n_old], {0: inner_body.arguments[0]})
 
-    if ops[:i]:
-        columns(ops[:i], terminator)
-    red.move_before(terminator)
-    # through perfectly nested reduction loops (a convolution's window rows, window columns and
-    # input features): the block's columns become the innermost loop, under all of them
-    while True:
-        red_ops = [o.operation for o in red.regions[0].blocks[0].operations]
-        nested = red_ops[0] if len(red_ops) == 2 and red_ops[0].name == "scf.for" and not red_ops[0].results else None
-        if nested is None or any(v == n_old for v in nested.operands):
-            break
-        red = nested
-    columns(red_ops[:-1], red_ops[-1])
-    if ops[i + 1:]:
-        columns(ops[i + 1:], terminator)
+    after = 0  # the ops before each reduction loop, after the one before it
+    for red in reds:
+        i = ops.index(red)
+        if ops[after:i]:
+            columns(ops[after:i], terminator)
+        after = i + 1
+        red.move_before(terminator)
+        # through perfectly nested reduction loops (a convolution's window rows, window columns and
+        # input features): the block's columns become the innermost loop, under all of them
+        while True:
+            red_ops = [o.operation for o in red.regions[0].blocks[0].operations]
+            nested = red_ops[0] if len(red_ops) == 2 and red_ops[0].name == "scf.for" and not red_ops[0].results else None
+            if nested is None or any(v == n_old for v in nested.operands):
+                break
+            red = nested
+        columns(red_ops[:-1], red_ops[-1])
+    if ops[after:]:
+        columns(ops[after:], terminator)
     _replace(loop, new)
 
 
@@ -626,14 +645,14 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
     collapsed. Returns the count."""
     changed = 0
     for loop in _top_loops(module):
-        red = _column_reduction(loop)
-        if red is None:
+        reds = _column_reductions(loop)
+        if not reds:
             continue
         lb, ub, _ = loop_bounds(loop)[-1]
         with ir.InsertionPoint(loop), loop.location:
             columns = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(vector))
         _versions(loop, columns, ("column", "row"))
-        red_lb, red_ub, _ = loop_bounds(red)[0]
+        red_lb, red_ub, _ = loop_bounds(reds[0])[0]
         narrow = loop
         if defined_outside(red_lb, loop) and defined_outside(red_ub, loop):
             with ir.InsertionPoint(loop), loop.location:  # the elements read, counted as f32
@@ -642,10 +661,115 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
                     elements = _binary("arith.muli", elements, _binary("arith.subi", dim_ub, dim_lb))
                 large = index_compare("sgt", elements, index_constant(WIDE_BYTES // 4))
             narrow = _versions(loop, large, ("wide", "narrow"))
-            _column_schedule(loop, _column_reduction(loop), vector, wide=True)
-        _column_schedule(narrow, _column_reduction(narrow), vector, wide=False)
+            accumulation = _accumulation(loop, reds[0]) if len(reds) == 1 else None
+            if accumulation is not None:
+                with ir.InsertionPoint(loop), loop.location:
+                    tall = index_compare("sge", _binary("arith.subi", red_ub, red_lb), index_constant(2 * SPLIT_MIN_ROWS))
+                wide = _versions(loop, tall, ("split", "wide"))
+                wide.attributes[POOL_ATTR] = ir.UnitAttr.get()
+                _column_schedule(wide, _column_reductions(wide), vector, "wide")
+                first, part = _split_schedule(loop, reds[0], accumulation)
+                first.attributes[POOL_ATTR] = ir.UnitAttr.get()
+                _column_schedule(first, [part], vector, "split")
+                _column_schedule(loop, _column_reductions(loop), vector, "narrow")
+            else:
+                loop.attributes[POOL_ATTR] = ir.UnitAttr.get()
+                _column_schedule(loop, reds, vector, "wide")
+        _column_schedule(narrow, _column_reductions(narrow), vector, "narrow")
         changed += 1
     return changed
+
+
+# the "split" column schedule (schedule_column_reductions): the reduced rows in up to SPLIT_CHUNKS
+# chunks of at least SPLIT_MIN_ROWS rows, each chunk's rows read whole (blocks of up to
+# SPLIT_BLOCK_VECTORS vectors of columns: their partial results stay in L1)
+SPLIT_CHUNKS, SPLIT_MIN_ROWS, SPLIT_BLOCK_VECTORS = 16, 64, 256
+_IDENTITIES = {"arith.addf": -0.0, "arith.mulf": 1.0, "arith.maximumf": float("-inf"), "arith.minimumf": float("inf")}
+
+
+def _accumulation(loop: ir.Operation, red: ir.Operation) -> tuple[ir.Operation, ir.Operation, ir.Operation] | None:
+    """(load, combine, store) when the reduction loop `red` of `loop` (whose dims start at 0 with
+    step 1) updates one float accumulator, the buffer element at `loop`'s induction variables,
+    with add, mul, maximum or minimum, and otherwise only reads buffers nothing in `loop` writes;
+    None otherwise."""
+    if any(int_constant(lb) != 0 or int_constant(step) != 1 for lb, _, step in loop_bounds(loop)):
+        return None
+    body = [o.operation for o in red.regions[0].blocks[0].operations][:-1]
+    stores = [o for o in body if o.name == "memref.store"]
+    if len(stores) != 1 or any(o.regions for o in body) or _accesses(red) is None:
+        return None
+    store = stores[0]
+    ref, ivs = store.operands[1], list(loop.regions[0].blocks[0].arguments)
+    if list(store.operands)[2:] != ivs or isinstance(store.operands[0].owner, ir.Block):
+        return None
+    combine = operation(store.operands[0].owner)
+    loads = [o for o in body if o.name == "memref.load" and _root(o.operands[0]) == _root(ref)]
+    if (combine.name not in _IDENTITIES or len(loads) != 1 or loads[0].operands[0] != ref or list(loads[0].operands)[1:] != ivs
+            or loads[0].result not in list(combine.operands) or len(list(loads[0].result.uses)) != 1):
+        return None
+    written = {_root(o.operands[1]) for o in walk(loop) if o.name == "memref.store"}
+    if any(o.name == "memref.load" and o != loads[0] and _root(o.operands[0]) in written for o in body):
+        return None
+    return loads[0], combine, store
+
+
+def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulation: tuple[ir.Operation, ir.Operation, ir.Operation]
+                    ) -> tuple[ir.Operation, ir.Operation]:
+    """parallel (i...) { pre; for m { A[i...] = combine(A[i...], v) }; post } ->
+    parallel (c, i...) { P[c, i...] = identity; for m in chunk c { P[c, i...] = combine(P[c, i...], v) } };
+    parallel (i...) { pre; for c { A[i...] = combine(A[i...], P[c, i...]) }; post }
+    (P a new buffer); returns the first loop and its reduction loop."""
+    load, combine, store = accumulation
+    bounds = loop_bounds(loop)
+    lb, ub, _ = loop_bounds(red)[0]
+    ref = store.operands[1]
+    elem = ir.MemRefType(ref.type).element_type
+    ivs = list(loop.regions[0].blocks[0].arguments)
+    with ir.InsertionPoint(loop), loop.location:
+        rows = _binary("arith.subi", ub, lb)
+        chunks = _binary("arith.maxsi", _binary("arith.minsi", _binary("arith.ceildivsi", rows, index_constant(SPLIT_MIN_ROWS)),
+                                                index_constant(SPLIT_CHUNKS)), index_constant(1))
+        per_chunk = _binary("arith.ceildivsi", rows, chunks)
+        sizes = [chunks] + [b[1] for b in bounds]
+        partial = ir.Operation.create("memref.alloc", results=[ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * len(sizes), elem)],
+                                      operands=sizes, attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64),
+                                                                  "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(sizes), 0])}).result
+        zero, one = index_constant(0), index_constant(1)
+        first, body = _new_loop([(zero, chunks, one)] + bounds)
+    first.attributes[VERSION_ATTR] = ir.StringAttr.get(f"{ir.StringAttr(loop.attributes[VERSION_ATTR]).value}, partial")
+    terminator = list(body.operations)[-1]
+    chunk, at = body.arguments[0], list(body.arguments)
+    with ir.InsertionPoint(terminator), loop.location:
+        identity = ir.Operation.create("arith.constant", results=[elem],
+                                       attributes={"value": ir.FloatAttr.get(elem, _IDENTITIES[combine.name])}).result
+        ir.Operation.create("memref.store", operands=[identity, partial, *at])
+        start = _binary("arith.addi", lb, _binary("arith.muli", chunk, per_chunk))
+        end = _binary("arith.minsi", _binary("arith.addi", start, per_chunk), ub)
+        part = red.clone()
+    part.operands[0], part.operands[1] = start, end
+    _read_as(part, ivs, dict(enumerate(at[1:])))
+    for op in walk(part):  # the accumulator is P[c, i...]
+        if op.name == "memref.load" and op.operands[0] == ref:
+            with ir.InsertionPoint(op), op.location:
+                value = ir.Operation.create("memref.load", results=[elem], operands=[partial, *at]).result
+            op.result.replace_all_uses_with(value)
+            op.erase()
+        elif op.name == "memref.store" and op.operands[1] == ref:
+            with ir.InsertionPoint(op), op.location:
+                ir.Operation.create("memref.store", operands=[op.operands[0], partial, *at])
+            op.erase()
+    with ir.InsertionPoint(red), red.location:  # the chunks' results combined in A
+        merge, merge_body = _scf_for(zero, chunks, one, [])
+    with ir.InsertionPoint(merge_body), red.location:
+        acc = ir.Operation.create("memref.load", results=[elem], operands=[ref, *ivs]).result
+        value = ir.Operation.create("memref.load", results=[elem], operands=[partial, merge_body.arguments[0], *ivs]).result
+        merged = combine.clone()
+        for k, v in enumerate(combine.operands):
+            merged.operands[k] = acc if v == load.result else value
+        ir.Operation.create("memref.store", operands=[merged.result, ref, *ivs])
+        ir.Operation.create("scf.yield")
+    red.erase()
+    return first, part
 
 
 def _expansion_checks(loop: ir.Operation) -> list[tuple[ir.Value, ir.Value | None]]:

@@ -17,11 +17,12 @@ from torch_mlir import ir
 from ..artifact import Kernel
 from ..mlir_support import defined_outside, facts_relied_on, nested_in, new_private_function, operation, walk
 from .epilogues import call_of, library_callee
-from .loops import EPILOGUE_ATTR, FUSED_ATTR, VERSION_ATTR, VIEWS, loop_bounds
+from .loops import EPILOGUE_ATTR, FUSED_ATTR, POOL_ATTR, VERSION_ATTR, VIEWS, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
 PTR = "!llvm.ptr"
 FNPTR_STEM = "__disc_fnptr_"
+POOLED_WORK = 1 << 40  # a work estimate far above the RAL's RAL_PARALLEL_MIN_WORK
 
 
 def _sink_views(op: ir.Operation) -> None:
@@ -127,11 +128,11 @@ def trips(lines: list[str], dims: Bounds, stem: str, value: Callable[[int], str]
 
 
 def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, inner: list[Bounds],
-               library: ir.Operation | None) -> str:
+               library: ir.Operation | None, pooled: bool) -> str:
     """The host side: pack the captured values into slots and call the RAL. `bounds` are the
     loop's, `inner` those of the loops its body runs per iteration (for the work estimate);
     `library`: the library call the loop runs behind as its epilogue (its operands follow the
-    captured values), or None."""
+    captured values), or None; `pooled`: the loop runs on the thread pool whatever the estimate."""
     lines = pack_slots(captured)
     # iterations of the first dimension, and an estimate of all scalar iterations: the other
     # dims times what the body's own loops run per iteration (at least 1)
@@ -143,6 +144,9 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
     lines.append(f"%n = arith.maxsi {trips(lines, bounds[:1], 'first_')}, %zero : index")
     lines.append(f"%work = arith.muli {trips(lines, bounds, 'all_')}, %per_row : index")
     work = "%work"
+    if pooled:
+        lines.append(f"%pooled = arith.constant {POOLED_WORK} : index")
+        work = "%pooled"
     lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
     params = [f"%v{i}: {v.type}" for i, v in enumerate(captured)]
     callee, args, types = "disc_ral_parallel_for", [], []
@@ -330,7 +334,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         else:
             func.erase()
         kernels.append(dataclasses.replace(kernel, name=par))
-        state.add_function(_pack_text(pack, par, captured, bounds, inner, library))
+        state.add_function(_pack_text(pack, par, captured, bounds, inner, library, POOL_ATTR in op.attributes))
         if library is not None:
             library.erase()
     return kernels
