@@ -5,8 +5,9 @@ read once and the output written once: what a fully fused kernel must move) agai
 machine's memory bandwidth, measured with numpy copies on the same threads (no peer's code).
 Both peers get 2 threads (the process is pinned to 2 cores) and their inputs in their own arrays
 (numpy for disc_stablehlo, device arrays for JAX); each timed call returns once its result is
-computed. Then the reduction schedules (a column sum with the
-column version host code picks vs the row schedule alone), long loop bodies (exact and tanh
+computed. Then the next-row prefetch of softmax and log-softmax (`loops.prefetch_next_rows`) vs
+without, the reduction schedules (a column sum with the version host code picks vs without the
+split schedule vs the row schedule alone; three fused column reductions), long loop bodies (exact and tanh
 GELU, softmax) interleaved four vectors per iteration vs one (`loops.interleave_long_loops`),
 GEMM epilogues (bias + GELU behind the GEMM vs as a loop of its own), and the encoder layer at (16, 256) in GFLOP/s against the
 BLAS's measured SGEMM rate.
@@ -34,7 +35,7 @@ import numpy as np  # noqa: E402
 from jax import export  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
-from disc_stablehlo.passes import pipeline  # noqa: E402
+from disc_stablehlo.passes import loops, pipeline  # noqa: E402
 from encoder import FFN, HEADS, HIDDEN, encoder_inputs, encoder_layer, encoder_params, encoder_specs  # noqa: E402
 
 SHAPES = [(64, 256), (1024, 1024), (4096, 4096)]
@@ -54,10 +55,11 @@ def gelu_chain(x):
     return jax.nn.gelu(x * 1.5 + 0.1, approximate=False) * 0.5
 
 
-def _without(module, step: str, build):
-    """`build()` with one pipeline step switched off (for side-by-side comparisons)."""
+def _without(module, step: str, build, returns=0):
+    """`build()` with one pipeline step switched off, returning `returns` (for side-by-side
+    comparisons)."""
     kept = getattr(module, step)
-    setattr(module, step, lambda *args: 0)
+    setattr(module, step, lambda *args: returns)
     try:
         return build()
     finally:
@@ -92,18 +94,35 @@ def main() -> None:
             gd, gj = moved / best_time(compiled, x), moved / best_time(jitted, jax.device_put(x))
             print(f"{name:<12} {str(shape):>12} {gd:>10.1f} {gj:>10.1f} {gd / bandwidth:>12.0%} {len(compiled.kernels):>13}")
 
-    print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'row only':>10} {'jax GB/s':>10}  version run")
+    print(f"\n{'next row':<12} {'shape':>12} {'prefetch':>10} {'without':>10}  GB/s (best of 3 alternating rounds)")
+    log_softmax = lambda x: jax.nn.log_softmax(x, axis=-1)  # noqa: E731
+    for name, fn in [("softmax", softmax), ("log_softmax", log_softmax)]:
+        both = (disc.compile(fn, spec), _without(pipeline, "prefetch_next_rows", lambda: disc.compile(fn, spec)))
+        for shape in [(4096, 4096), (16384, 1000), (512, 32768), (16384, 256)]:
+            x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+            best = _alternating(both, x)
+            print(f"{name:<12} {str(shape):>12} {2 * x.nbytes / 1e9 / best[0]:>10.1f} {2 * x.nbytes / 1e9 / best[1]:>10.1f}")
+
+    print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'no split':>10} {'row only':>10} {'jax GB/s':>10}  version run")
     disc.collect_stats()  # which version of the column sum ran
     column_sum = disc.compile(lambda x: x.sum(0), spec)
+    no_split = _without(loops, "_accumulation", lambda: disc.compile(lambda x: x.sum(0), spec), returns=None)
     row_only = _without(pipeline, "schedule_column_reductions", lambda: disc.compile(lambda x: x.sum(0), spec))
     jitted = jax.jit(lambda x: x.sum(0))
-    for shape in [(4096, 8), (4096, 256), (256, 4096), (8192, 1024)]:
+    for shape in [(4096, 8), (4096, 256), (256, 4096), (8192, 1024), (16384, 512), (200000, 16)]:
         x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
         before = column_sum.stats()
-        rates = [x.nbytes / 1e9 / best_time(f, x) for f in (column_sum, row_only)] + [x.nbytes / 1e9 / best_time(jitted, jax.device_put(x))]
+        rates = [x.nbytes / 1e9 / best_time(f, x) for f in (column_sum, no_split, row_only)]
+        rates.append(x.nbytes / 1e9 / best_time(jitted, jax.device_put(x)))
         after = column_sum.stats()
         ran = [k.version for k in column_sum.kernels if after[k.name]["calls"] > before[k.name]["calls"]]
-        print(f"{'':<12} {str(shape):>12} {rates[0]:>10.1f} {rates[1]:>10.1f} {rates[2]:>10.1f}  {', '.join(ran)}")
+        print(f"{'':<12} {str(shape):>12} {rates[0]:>10.1f} {rates[1]:>10.1f} {rates[2]:>10.1f} {rates[3]:>10.1f}  {', '.join(ran)}")
+    column_stats = lambda x: (x.mean(0), x.var(0), x.max(0))  # noqa: E731  (fused: one kernel, three reductions)
+    fused, jitted = disc.compile(column_stats, spec), jax.jit(column_stats)
+    for shape in [(8192, 1024), (1024, 1024)]:
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        rates = [x.nbytes / 1e9 / best_time(fused, x), x.nbytes / 1e9 / best_time(jitted, jax.device_put(x))]
+        print(f"{'mean,var,max':<12} {str(shape):>12} {rates[0]:>10.1f} {'':>10} {'':>10} {rates[1]:>10.1f}")
 
     print(f"\n{'long bodies':<12} {'shape':>12} {'interleaved':>12} {'one vector':>11}  GB/s (best of 3 alternating rounds)")
     tanh_gelu = lambda x: jax.nn.gelu(x, approximate=True)  # noqa: E731
