@@ -106,7 +106,7 @@ def main() -> None:
     print(f"\n{'column sum':<12} {'shape':>12} {'disc GB/s':>10} {'no split':>10} {'row only':>10} {'jax GB/s':>10}  version run")
     disc.collect_stats()  # which version of the column sum ran
     column_sum = disc.compile(lambda x: x.sum(0), spec)
-    no_split = _without(loops, "_accumulation", lambda: disc.compile(lambda x: x.sum(0), spec), returns=None)
+    no_split = _without(loops, "_accumulations", lambda: disc.compile(lambda x: x.sum(0), spec), returns=None)
     row_only = _without(pipeline, "schedule_column_reductions", lambda: disc.compile(lambda x: x.sum(0), spec))
     jitted = jax.jit(lambda x: x.sum(0))
     for shape in [(4096, 8), (4096, 256), (256, 4096), (8192, 1024), (16384, 512), (200000, 16)]:

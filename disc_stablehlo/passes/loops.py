@@ -642,17 +642,19 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
     runs, which memory streams faster; measured on this project's 2-core Zen 3, a column sum of
     (8192, 1024): 7.0 -> 12.0 GB/s, of (2, 2048, 768) over the middle dim 11.4 -> 24.2, while on
     inputs the caches hold the narrow blocks were as fast or faster: benchmarks/README.md). A wide
-    loop with one accumulation (`_accumulation`) over at least 2 * SPLIT_MIN_ROWS rows runs
+    loop with one reduction loop of accumulations (`_accumulations`) over at least 2 * SPLIT_MIN_ROWS rows runs
     "split" instead (`_split_schedule`): its reduced rows in chunks, each read whole by the pool's
     threads into a buffer of partial results, which a narrow loop then combines (a column sum of
     (8192, 1024): 13 -> 21 GB/s, of (200000, 16) 13 -> 22, as jax.jit). Several reductions fused
-    over the same columns (a mean, then the variance around it) are scheduled together. Runs
+    over the same columns are scheduled together, and those independent of each other (a sum and
+    a maximum; not a mean and the variance around it) become one loop first. Runs
     before rows are collapsed. Returns the count."""
     changed = 0
     for loop in _top_loops(module):
         reds = _column_reductions(loop)
         if not reds:
             continue
+        reds = _fuse_sibling_reductions(loop, reds)
         lb, ub, _ = loop_bounds(loop)[-1]
         with ir.InsertionPoint(loop), loop.location:
             columns = index_compare("sge", _binary("arith.subi", ub, lb), index_constant(vector))
@@ -666,14 +668,14 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
                     elements = _binary("arith.muli", elements, _binary("arith.subi", dim_ub, dim_lb))
                 large = index_compare("sgt", elements, index_constant(WIDE_BYTES // 4))
             narrow = _versions(loop, large, ("wide", "narrow"))
-            accumulation = _accumulation(loop, reds[0]) if len(reds) == 1 else None
-            if accumulation is not None:
+            accumulations = _accumulations(loop, reds[0]) if len(reds) == 1 else None
+            if accumulations is not None:
                 with ir.InsertionPoint(loop), loop.location:
                     tall = index_compare("sge", _binary("arith.subi", red_ub, red_lb), index_constant(2 * SPLIT_MIN_ROWS))
                 wide = _versions(loop, tall, ("split", "wide"))
                 wide.attributes[POOL_ATTR] = ir.UnitAttr.get()
                 _column_schedule(wide, _column_reductions(wide), vector, "wide")
-                first, part = _split_schedule(loop, reds[0], accumulation)
+                first, part = _split_schedule(loop, reds[0], accumulations)
                 first.attributes[POOL_ATTR] = ir.UnitAttr.get()
                 _column_schedule(first, [part], vector, "split")
                 _column_schedule(loop, _column_reductions(loop), vector, "narrow")
@@ -692,43 +694,76 @@ SPLIT_CHUNKS, SPLIT_MIN_ROWS, SPLIT_BLOCK_VECTORS = 16, 64, 256
 _IDENTITIES = {"arith.addf": -0.0, "arith.mulf": 1.0, "arith.maximumf": float("-inf"), "arith.minimumf": float("inf")}
 
 
-def _accumulation(loop: ir.Operation, red: ir.Operation) -> tuple[ir.Operation, ir.Operation, ir.Operation] | None:
-    """(load, combine, store) when the reduction loop `red` of `loop` (whose dims start at 0 with
-    step 1) updates one float accumulator, the buffer element at `loop`'s induction variables,
-    with add, mul, maximum or minimum, and otherwise only reads buffers nothing in `loop` writes;
-    None otherwise."""
+def _fuse_sibling_reductions(loop: ir.Operation, reds: list[ir.Operation]) -> list[ir.Operation]:
+    """Consecutive reduction loops of `loop` over the same range that touch no buffer the other
+    writes (a column's sum and its maximum) become one loop, which reads the input once, when the
+    ops between them touch nothing the first touches (they move above it); returns the loops left."""
+    kept = [reds[0]]
+    for red in reds[1:]:
+        first = kept[-1]
+        ops = [o.operation for o in loop.regions[0].blocks[0].operations]
+        acc1, acc2 = _accesses(first), _accesses(red)
+        between = ops[ops.index(first) + 1:ops.index(red)]
+        touched1 = {_root(r) for r, _, _ in acc1 or []}
+        written = {_root(r) for r, _, w in (acc1 or []) + (acc2 or []) if w}
+        movable = all((o.name in ("memref.load", "memref.store") and _root(o.operands[1 if o.name == "memref.store" else 0]) not in touched1)
+                      or (o.name.startswith(_HOISTABLE) and not o.regions) for o in between)
+        nested = any(o.name in ("scf.for", "scf.parallel", "scf.while") for o in list(walk(first))[1:] + list(walk(red))[1:])
+        if (acc1 is None or acc2 is None or nested or not movable
+                or not all(_same_bound(a, b) for a, b in zip(loop_bounds(first)[0], loop_bounds(red)[0]))
+                or written & ({_root(r) for r, _, _ in acc1} & {_root(r) for r, _, _ in acc2})):
+            kept.append(red)
+            continue
+        for op in between:
+            op.move_before(first)
+        src, dst = red.regions[0].blocks[0], first.regions[0].blocks[0]
+        src.arguments[0].replace_all_uses_with(dst.arguments[0])
+        terminator = list(dst.operations)[-1]
+        for op in list(src.operations)[:-1]:
+            op.operation.move_before(terminator)
+        red.erase()
+    return kept
+
+
+def _accumulations(loop: ir.Operation, red: ir.Operation) -> list[tuple[ir.Operation, ir.Operation, ir.Operation]] | None:
+    """(load, combine, store) of each float accumulator the reduction loop `red` of `loop` (whose
+    dims start at 0 with step 1) updates: a buffer element at `loop`'s induction variables, each
+    its own buffer, combined with add, mul, maximum or minimum; None unless that is all it writes
+    and it otherwise only reads buffers nothing in `loop` writes."""
     if any(int_constant(lb) != 0 or int_constant(step) != 1 for lb, _, step in loop_bounds(loop)):
         return None
     body = [o.operation for o in red.regions[0].blocks[0].operations][:-1]
     stores = [o for o in body if o.name == "memref.store"]
-    if len(stores) != 1 or any(o.regions for o in body) or _accesses(red) is None:
+    if not stores or any(o.regions for o in body) or _accesses(red) is None:
         return None
-    store = stores[0]
-    ref, ivs = store.operands[1], list(loop.regions[0].blocks[0].arguments)
-    if list(store.operands)[2:] != ivs or isinstance(store.operands[0].owner, ir.Block):
-        return None
-    combine = operation(store.operands[0].owner)
-    loads = [o for o in body if o.name == "memref.load" and _root(o.operands[0]) == _root(ref)]
-    if (combine.name not in _IDENTITIES or len(loads) != 1 or loads[0].operands[0] != ref or list(loads[0].operands)[1:] != ivs
-            or loads[0].result not in list(combine.operands) or len(list(loads[0].result.uses)) != 1):
-        return None
+    ivs = list(loop.regions[0].blocks[0].arguments)
+    found = []
+    for store in stores:
+        ref = store.operands[1]
+        if list(store.operands)[2:] != ivs or isinstance(store.operands[0].owner, ir.Block):
+            return None
+        combine = operation(store.operands[0].owner)
+        loads = [o for o in body if o.name == "memref.load" and _root(o.operands[0]) == _root(ref)]
+        if (combine.name not in _IDENTITIES or len(loads) != 1 or loads[0].operands[0] != ref or list(loads[0].operands)[1:] != ivs
+                or loads[0].result not in list(combine.operands) or len(list(loads[0].result.uses)) != 1
+                or sum(_root(s.operands[1]) == _root(ref) for s in stores) != 1):
+            return None
+        found.append((loads[0], combine, store))
     written = {_root(o.operands[1]) for o in walk(loop) if o.name == "memref.store"}
-    if any(o.name == "memref.load" and o != loads[0] and _root(o.operands[0]) in written for o in body):
+    accumulators = [load for load, _, _ in found]
+    if any(o.name == "memref.load" and o not in accumulators and _root(o.operands[0]) in written for o in body):
         return None
-    return loads[0], combine, store
+    return found
 
 
-def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulation: tuple[ir.Operation, ir.Operation, ir.Operation]
+def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulations: list[tuple[ir.Operation, ir.Operation, ir.Operation]]
                     ) -> tuple[ir.Operation, ir.Operation]:
     """parallel (i...) { pre; for m { A[i...] = combine(A[i...], v) }; post } ->
     parallel (c, i...) { P[c, i...] = identity; for m in chunk c { P[c, i...] = combine(P[c, i...], v) } };
     parallel (i...) { pre; for c { A[i...] = combine(A[i...], P[c, i...]) }; post }
-    (P a new buffer); returns the first loop and its reduction loop."""
-    load, combine, store = accumulation
+    (P a new buffer; one per accumulator); returns the first loop and its reduction loop."""
     bounds = loop_bounds(loop)
     lb, ub, _ = loop_bounds(red)[0]
-    ref = store.operands[1]
-    elem = ir.MemRefType(ref.type).element_type
     ivs = list(loop.regions[0].blocks[0].arguments)
     with ir.InsertionPoint(loop), loop.location:
         rows = _binary("arith.subi", ub, lb)
@@ -736,42 +771,49 @@ def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulation: tuple[i
                                                 index_constant(SPLIT_CHUNKS)), index_constant(1))
         per_chunk = _binary("arith.ceildivsi", rows, chunks)
         sizes = [chunks] + [b[1] for b in bounds]
-        partial = ir.Operation.create("memref.alloc", results=[ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * len(sizes), elem)],
-                                      operands=sizes, attributes={"alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64),
-                                                                  "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(sizes), 0])}).result
+        partials = {}  # accumulator buffer -> its chunks' partial results
+        for _, _, store in accumulations:
+            shape = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * len(sizes), ir.MemRefType(store.operands[1].type).element_type)
+            partials[store.operands[1]] = ir.Operation.create("memref.alloc", results=[shape], operands=sizes, attributes={
+                "alignment": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 64),
+                "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(sizes), 0])}).result
         zero, one = index_constant(0), index_constant(1)
         first, body = _new_loop([(zero, chunks, one)] + bounds)
     first.attributes[VERSION_ATTR] = ir.StringAttr.get(f"{ir.StringAttr(loop.attributes[VERSION_ATTR]).value}, partial")
     terminator = list(body.operations)[-1]
     chunk, at = body.arguments[0], list(body.arguments)
     with ir.InsertionPoint(terminator), loop.location:
-        identity = ir.Operation.create("arith.constant", results=[elem],
-                                       attributes={"value": ir.FloatAttr.get(elem, _IDENTITIES[combine.name])}).result
-        ir.Operation.create("memref.store", operands=[identity, partial, *at])
+        for _, combine, store in accumulations:
+            elem = ir.MemRefType(store.operands[1].type).element_type
+            identity = ir.Operation.create("arith.constant", results=[elem],
+                                           attributes={"value": ir.FloatAttr.get(elem, _IDENTITIES[combine.name])}).result
+            ir.Operation.create("memref.store", operands=[identity, partials[store.operands[1]], *at])
         start = _binary("arith.addi", lb, _binary("arith.muli", chunk, per_chunk))
         end = _binary("arith.minsi", _binary("arith.addi", start, per_chunk), ub)
         part = red.clone()
     part.operands[0], part.operands[1] = start, end
     _read_as(part, ivs, dict(enumerate(at[1:])))
-    for op in walk(part):  # the accumulator is P[c, i...]
-        if op.name == "memref.load" and op.operands[0] == ref:
+    for op in walk(part):  # each accumulator is its P[c, i...]
+        if op.name == "memref.load" and op.operands[0] in partials:
             with ir.InsertionPoint(op), op.location:
-                value = ir.Operation.create("memref.load", results=[elem], operands=[partial, *at]).result
+                value = ir.Operation.create("memref.load", results=[op.result.type], operands=[partials[op.operands[0]], *at]).result
             op.result.replace_all_uses_with(value)
             op.erase()
-        elif op.name == "memref.store" and op.operands[1] == ref:
+        elif op.name == "memref.store" and op.operands[1] in partials:
             with ir.InsertionPoint(op), op.location:
-                ir.Operation.create("memref.store", operands=[op.operands[0], partial, *at])
+                ir.Operation.create("memref.store", operands=[op.operands[0], partials[op.operands[1]], *at])
             op.erase()
-    with ir.InsertionPoint(red), red.location:  # the chunks' results combined in A
+    with ir.InsertionPoint(red), red.location:  # the chunks' results combined in each A
         merge, merge_body = _scf_for(zero, chunks, one, [])
     with ir.InsertionPoint(merge_body), red.location:
-        acc = ir.Operation.create("memref.load", results=[elem], operands=[ref, *ivs]).result
-        value = ir.Operation.create("memref.load", results=[elem], operands=[partial, merge_body.arguments[0], *ivs]).result
-        merged = combine.clone()
-        for k, v in enumerate(combine.operands):
-            merged.operands[k] = acc if v == load.result else value
-        ir.Operation.create("memref.store", operands=[merged.result, ref, *ivs])
+        for load, combine, store in accumulations:
+            ref = store.operands[1]
+            acc = ir.Operation.create("memref.load", results=[load.result.type], operands=[ref, *ivs]).result
+            value = ir.Operation.create("memref.load", results=[load.result.type], operands=[partials[ref], merge_body.arguments[0], *ivs]).result
+            merged = combine.clone()
+            for k, v in enumerate(combine.operands):
+                merged.operands[k] = acc if v == load.result else value
+            ir.Operation.create("memref.store", operands=[merged.result, ref, *ivs])
         ir.Operation.create("scf.yield")
     red.erase()
     return first, part
