@@ -668,23 +668,61 @@ def schedule_column_reductions(module: ir.Module, vector: int) -> int:
                     elements = _binary("arith.muli", elements, _binary("arith.subi", dim_ub, dim_lb))
                 large = index_compare("sgt", elements, index_constant(WIDE_BYTES // 4))
             narrow = _versions(loop, large, ("wide", "narrow"))
-            accumulations = _accumulations(loop, reds[0]) if len(reds) == 1 else None
-            if accumulations is not None:
-                with ir.InsertionPoint(loop), loop.location:
-                    tall = index_compare("sge", _binary("arith.subi", red_ub, red_lb), index_constant(2 * SPLIT_MIN_ROWS))
-                wide = _versions(loop, tall, ("split", "wide"))
-                wide.attributes[POOL_ATTR] = ir.UnitAttr.get()
-                _column_schedule(wide, _column_reductions(wide), vector, "wide")
-                first, part = _split_schedule(loop, reds[0], accumulations)
-                first.attributes[POOL_ATTR] = ir.UnitAttr.get()
-                _column_schedule(first, [part], vector, "split")
-                _column_schedule(loop, _column_reductions(loop), vector, "narrow")
-            else:
-                loop.attributes[POOL_ATTR] = ir.UnitAttr.get()
-                _column_schedule(loop, reds, vector, "wide")
+            for part in _fission(loop, reds) if len(reds) > 1 else [loop]:
+                _large_schedule(part, _column_reductions(part), vector)
         _column_schedule(narrow, _column_reductions(narrow), vector, "narrow")
         changed += 1
     return changed
+
+
+def _large_schedule(loop: ir.Operation, reds: list[ir.Operation], vector: int) -> None:
+    """The schedule of a column loop that reads more than the caches hold: "split" where its one
+    reduction loop accumulates (`_accumulations`) over at least 2 * SPLIT_MIN_ROWS rows, "wide"
+    otherwise; both on the pool."""
+    accumulations = _accumulations(loop, reds[0]) if len(reds) == 1 else None
+    if accumulations is None:
+        loop.attributes[POOL_ATTR] = ir.UnitAttr.get()
+        _column_schedule(loop, reds, vector, "wide")
+        return
+    red_lb, red_ub, _ = loop_bounds(reds[0])[0]
+    with ir.InsertionPoint(loop), loop.location:
+        tall = index_compare("sge", _binary("arith.subi", red_ub, red_lb), index_constant(2 * SPLIT_MIN_ROWS))
+    wide = _versions(loop, tall, ("split", "wide"))
+    wide.attributes[POOL_ATTR] = ir.UnitAttr.get()
+    _column_schedule(wide, _column_reductions(wide), vector, "wide")
+    first, part = _split_schedule(loop, reds[0], accumulations)
+    first.attributes[POOL_ATTR] = ir.UnitAttr.get()
+    _column_schedule(first, [part], vector, "split")
+    _column_schedule(loop, _column_reductions(loop), vector, "narrow")
+
+
+def _fission(loop: ir.Operation, reds: list[ir.Operation]) -> list[ir.Operation]:
+    """`loop` (several reduction loops, each with the ops before it; the last also with those
+    after it) as one loop per reduction loop, one after the other, when every buffer it writes is
+    accessed at its induction variables only (each column then sees its own elements in the same
+    order); [loop] otherwise."""
+    ivs = list(loop.regions[0].blocks[0].arguments)
+    accesses = _accesses(loop)
+    written = {_root(r) for r, _, w in accesses or [] if w}
+    if accesses is None or any(_root(r) in written and indices != ivs for r, indices, _ in accesses):
+        return [loop]
+    ops = [o.operation for o in loop.regions[0].blocks[0].operations][:-1]
+    cuts = [ops.index(red) + 1 for red in reds[:-1]] + [len(ops)]
+    parts, start = [], 0
+    for cut in cuts:
+        with ir.InsertionPoint(loop), loop.location:
+            part, body = _new_loop(loop_bounds(loop))
+        terminator = list(body.operations)[-1]
+        for op in ops[start:cut]:
+            op.move_before(terminator)
+            _read_as(op, ivs, dict(enumerate(body.arguments)))
+        for name in loop.attributes:
+            if name != "operandSegmentSizes":
+                part.attributes[name] = loop.attributes[name]
+        parts.append(part)
+        start = cut
+    loop.erase()
+    return parts
 
 
 # the "split" column schedule (schedule_column_reductions): the reduced rows in up to SPLIT_CHUNKS
