@@ -10,7 +10,10 @@ last place) and 2^n applied as two powers of two, so that results in the denorma
 once, as IEEE multiplication does. Inputs below -150 ln 2 give 0 (exp rounds to 0 there) without
 being computed: their product would be denormal or zero, and each such vector costs the CPU a
 microcode assist (softmax over scores masked at -1e9: 40 % of its time). Inputs above 89 are
-clamped (inf after rounding); NaN stays NaN.
+clamped (inf after rounding); NaN stays NaN through the arithmetic itself: n is rounded by adding
+and subtracting 1.5 * 2^23 and its integer read from the sum's bits, with no float-to-integer
+conversion (whose result for NaN is undefined in LLVM), so NaN needs no compare and select of
+its own (exp over a (1024, 1024) array 24-33 -> 36-37 GB/s).
 
 `powf` by a constant small whole exponent (GELU-tanh's `x ** 3`) is a call of libm's scalar
 `powf` per element: it becomes multiplications.
