@@ -15,6 +15,7 @@ compiles in the calling process (debugging)."""
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import pickle
 import signal
@@ -133,7 +134,10 @@ class Worker:
             code = self.proc.wait()
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         self.log.seek(0)
-        tail = self.log.read().decode(errors="replace").strip().splitlines()[-12:]
+        lines = self.log.read().decode(errors="replace").strip().splitlines()
+        fatal = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error")]
+        # what it printed last, and the stack faulthandler printed (its innermost calls first)
+        tail = lines[max(0, fatal[-1] - 6):fatal[-1] + 16] if fatal else lines[-12:]
         where = _reproducer(request["source"])
         return CompileError(f"the compiler crashed ({how}) during {stage}; this process is unaffected.\n"
                             + ("".join(f"  | {line}\n" for line in tail) if tail else "")
@@ -251,6 +255,8 @@ def serve() -> None:
     """The worker's loop: one request at a time until its input ends."""
     from . import mlir_support  # noqa: F401  (loads MLIR and LLVM now, before the first request)
     from . import build  # noqa: F401
+
+    faulthandler.enable()  # a crash prints the Python stack to stderr, which the caller's error quotes
 
     # the replies get a descriptor of their own: whatever the compiler prints (Python, or MLIR and
     # LLVM writing to descriptor 1) goes to stderr and cannot corrupt them

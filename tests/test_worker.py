@@ -60,7 +60,9 @@ def test_compile_seconds_cover_every_stage_and_add_up(tmp_path, monkeypatch, cap
         assert seconds[stage] >= 0, stage
     assert seconds["MLIR pass pipelines"] > 0 and seconds["LLVM code generation"] > 0
     parts = sum(v for k, v in seconds.items() if k != "total")
-    assert parts <= seconds["total"] and parts > 0.8 * seconds["total"], seconds
+    # the wait ends when this process reads the worker's first report, which the worker's first
+    # stage may overlap by the message's delivery (under load, a fraction of a millisecond)
+    assert parts <= seconds["total"] + 0.005 and parts > 0.8 * seconds["total"], seconds
     assert "compile time:" in capfd.readouterr().err
     f.save(tmp_path / "f.disc")
     assert disc.load(tmp_path / "f.disc").compile_seconds == {}

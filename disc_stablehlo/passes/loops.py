@@ -679,8 +679,7 @@ def _large_schedule(loop: ir.Operation, reds: list[ir.Operation], vector: int) -
     """The schedule of a column loop that reads more than the caches hold: "split" where its one
     reduction loop accumulates (`_accumulations`) over at least 2 * SPLIT_MIN_ROWS rows, "wide"
     otherwise; both on the pool."""
-    accumulations = _accumulations(loop, reds[0]) if len(reds) == 1 else None
-    if accumulations is None:
+    if len(reds) > 1 or _accumulations(loop, reds[0]) is None:
         loop.attributes[POOL_ATTR] = ir.UnitAttr.get()
         _column_schedule(loop, reds, vector, "wide")
         return
@@ -690,7 +689,7 @@ def _large_schedule(loop: ir.Operation, reds: list[ir.Operation], vector: int) -
     wide = _versions(loop, tall, ("split", "wide"))
     wide.attributes[POOL_ATTR] = ir.UnitAttr.get()
     _column_schedule(wide, _column_reductions(wide), vector, "wide")
-    first, part = _split_schedule(loop, reds[0], accumulations)
+    first, part = _split_schedule(loop, reds[0])
     first.attributes[POOL_ATTR] = ir.UnitAttr.get()
     _column_schedule(first, [part], vector, "split")
     _column_schedule(loop, _column_reductions(loop), vector, "narrow")
@@ -794,12 +793,13 @@ def _accumulations(loop: ir.Operation, red: ir.Operation) -> list[tuple[ir.Opera
     return found
 
 
-def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulations: list[tuple[ir.Operation, ir.Operation, ir.Operation]]
-                    ) -> tuple[ir.Operation, ir.Operation]:
+def _split_schedule(loop: ir.Operation, red: ir.Operation) -> tuple[ir.Operation, ir.Operation]:
     """parallel (i...) { pre; for m { A[i...] = combine(A[i...], v) }; post } ->
     parallel (c, i...) { P[c, i...] = identity; for m in chunk c { P[c, i...] = combine(P[c, i...], v) } };
     parallel (i...) { pre; for c { A[i...] = combine(A[i...], P[c, i...]) }; post }
-    (P a new buffer; one per accumulator); returns the first loop and its reduction loop."""
+    (P a new buffer; one per accumulator, `_accumulations`); returns the first loop and its
+    reduction loop."""
+    accumulations = _accumulations(loop, red)
     bounds = loop_bounds(loop)
     lb, ub, _ = loop_bounds(red)[0]
     ivs = list(loop.regions[0].blocks[0].arguments)
@@ -853,6 +853,9 @@ def _split_schedule(loop: ir.Operation, red: ir.Operation, accumulations: list[t
                 merged.operands[k] = acc if v == load.result else value
             ir.Operation.create("memref.store", operands=[merged.result, ref, *ivs])
         ir.Operation.create("scf.yield")
+    # no Python object of an op inside `red` may outlive it: the bindings would take a later op at
+    # the same address for it
+    del accumulations, load, combine, store
     red.erase()
     return first, part
 
