@@ -320,6 +320,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         if library is not None:
             del op.attributes[EPILOGUE_ATTR]  # found: the id would set apart loops that are the same
         kernel = _describe(op, captured, library)
+        pooled = POOL_ATTR in op.attributes
         with ir.InsertionPoint(op), op.location:
             ir.Operation.create("func.call", operands=captured + (list(library.operands) if library else []),
                                 attributes={"callee": ir.FlatSymbolRefAttr.get(pack)})
@@ -331,10 +332,11 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
             par = outlined[code] = state.fresh_symbol("par")
             state.declared.add(body)
             state.add_function(_unpack_text(par, body, captured, bounds[0]))
-        else:
+        else:  # the loop first, so that its Python object is not left pointing into the erased function
+            op.erase()
             func.erase()
         kernels.append(dataclasses.replace(kernel, name=par))
-        state.add_function(_pack_text(pack, par, captured, bounds, inner, library, POOL_ATTR in op.attributes))
+        state.add_function(_pack_text(pack, par, captured, bounds, inner, library, pooled))
         if library is not None:
             library.erase()
     return kernels
