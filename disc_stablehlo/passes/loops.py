@@ -61,6 +61,12 @@ def _new_loop(bounds: list[tuple[ir.Value, ir.Value, ir.Value]]) -> tuple[ir.Ope
     return loop, body
 
 
+def _scf_for(lb: ir.Value, ub: ir.Value, step: ir.Value, inits: list[ir.Value]) -> tuple[ir.Operation, ir.Block]:
+    """An scf.for at the current insertion point, its body empty (no terminator yet)."""
+    loop = ir.Operation.create("scf.for", operands=[lb, ub, step, *inits], results=[v.type for v in inits], regions=1)
+    return loop, loop.regions[0].blocks.append(ir.IndexType.get(), *[v.type for v in inits])
+
+
 def _move_body(src: ir.Block, dst: ir.Block, ivs: list[ir.Value]) -> None:
     """Moves `src`'s ops but its terminator before `dst`'s terminator; `src`'s arguments become `ivs`."""
     for old, new in zip(src.arguments, ivs):
@@ -598,8 +604,7 @@ def _column_schedule(loop: ir.Operation, reds: list[ir.Operation], vector: int, 
     def columns(group: list[ir.Operation], where: ir.Operation) -> None:
         """A loop over the block's columns at `where` running `group`."""
         with ir.InsertionPoint(where), loop.location:
-            inner = ir.Operation.create("scf.for", operands=[start, end, index_constant(1)], regions=1)
-            inner_body = inner.regions[0].blocks.append(ir.IndexType.get())
+            _, inner_body = _scf_for(start, end, index_constant(1), [])
         with ir.InsertionPoint(inner_body), loop.location:
             yield_op = ir.Operation.create("scf.yield")
         for op in group:
@@ -753,11 +758,8 @@ def _fuse_sibling_reductions(loop: ir.Operation, reds: list[ir.Operation]) -> li
             continue
         for op in between:
             op.move_before(first)
-        src, dst = red.regions[0].blocks[0], first.regions[0].blocks[0]
-        src.arguments[0].replace_all_uses_with(dst.arguments[0])
-        terminator = list(dst.operations)[-1]
-        for op in list(src.operations)[:-1]:
-            op.operation.move_before(terminator)
+        dst = first.regions[0].blocks[0]
+        _move_body(red.regions[0].blocks[0], dst, [dst.arguments[0]])
         red.erase()
     return kept
 
@@ -937,6 +939,11 @@ _SHORT_MATH = ("math.absf", "math.absi", "math.copysign", "math.fma", "math.sqrt
                "math.ctlz", "math.cttz", "math.ctpop")
 
 
+def _work(loop: ir.Operation) -> int:
+    """The ops in a loop's body, a math function (exp, log, tanh: a polynomial) counted LONG_BODY."""
+    return sum(LONG_BODY if o.name.startswith("math.") and o.name not in _SHORT_MATH else 1 for o in list(walk(loop))[1:])
+
+
 def interleave_long_loops(module: ir.Module, kernels: list[str]) -> int:
     """LLVM's vectoriser interleaves small loops only: a long body (GELU's erfc: three
     polynomials, an exp and two divisions, a dependency chain of over 100 cycles per vector) then
@@ -956,9 +963,8 @@ def interleave_long_loops(module: ir.Module, kernels: list[str]) -> int:
     for name in dict.fromkeys(kernels):
         for loop in [op for op in walk(find_function(module, name)) if op.name == "scf.for"]:
             body = list(walk(loop))[1:]
-            long = len(body) >= LONG_BODY or any(o.name.startswith("math.") and o.name not in _SHORT_MATH for o in body)
             f64 = any(isinstance(r.type, ir.F64Type) for o in body for r in o.results)
-            if long and not f64 and not any(o.name in ("scf.for", "scf.while") for o in body):
+            if _work(loop) >= LONG_BODY and not f64 and not any(o.name in ("scf.for", "scf.while") for o in body):
                 loop.attributes["loop_annotation"] = annotation
                 count += 1
     return count
@@ -969,11 +975,6 @@ def interleave_long_loops(module: ir.Module, kernels: list[str]) -> int:
 # same columns of the next row, a cache line (LINE_BYTES) per prefetch, into L2 (locality 2), in
 # rows of PREFETCH_MIN_ROW elements or more
 PREFETCH_STRIP, LINE_BYTES, PREFETCH_LOCALITY, PREFETCH_MIN_ROW = 256, 64, 2, 1024
-
-
-def _work(loop: ir.Operation) -> int:
-    """The ops in a loop's body, a math function (exp, log, tanh: a polynomial) counted LONG_BODY."""
-    return sum(LONG_BODY if o.name.startswith("math.") and o.name not in _SHORT_MATH else 1 for o in list(walk(loop))[1:])
 
 
 def _index_slice(values: list[ir.Value], leaves: list[ir.Value], outside: ir.Operation) -> list[ir.Operation] | None:
@@ -996,12 +997,6 @@ def _index_slice(values: list[ir.Value], leaves: list[ir.Value], outside: ir.Ope
         return True
 
     return ops if all(visit(v) for v in values) else None
-
-
-def _scf_for(lb: ir.Value, ub: ir.Value, step: ir.Value, inits: list[ir.Value]) -> tuple[ir.Operation, ir.Block]:
-    """An scf.for at the current insertion point, its body empty (no terminator yet)."""
-    loop = ir.Operation.create("scf.for", operands=[lb, ub, step, *inits], results=[v.type for v in inits], regions=1)
-    return loop, loop.regions[0].blocks.append(ir.IndexType.get(), *[v.type for v in inits])
 
 
 def prefetch_next_rows(module: ir.Module) -> int:
@@ -1029,8 +1024,8 @@ def prefetch_next_rows(module: ir.Module) -> int:
             continue
         row, column = body.arguments[0], first.regions[0].blocks[0].arguments[0]
         written = {_root(o.operands[1]) for o in walk(loop) if o.name == "memref.store"}
-        reads = []  # (memref, its indices, the ops computing them)
-        for op in walk(first):
+        reads = []  # (memref, its indices, the ops computing them): loads the first pass makes every iteration
+        for op in [o.operation for o in first.regions[0].blocks[0].operations]:
             if op.name != "memref.load" or not defined_outside(op.operands[0], loop) or _root(op.operands[0]) in written:
                 continue
             ref, indices = op.operands[0], list(op.operands)[1:]

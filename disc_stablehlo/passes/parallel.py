@@ -134,19 +134,18 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
     `library`: the library call the loop runs behind as its epilogue (its operands follow the
     captured values), or None; `pooled`: the loop runs on the thread pool whatever the estimate."""
     lines = pack_slots(captured)
-    # iterations of the first dimension, and an estimate of all scalar iterations: the other
-    # dims times what the body's own loops run per iteration (at least 1)
-    per_row = "%zero"
-    for i, dims in enumerate(inner):
-        lines.append(f"%row{i} = arith.addi {per_row}, {trips(lines, dims, f'in{i}_')} : index")
-        per_row = f"%row{i}"
-    lines.append(f"%per_row = arith.maxsi {per_row}, %one : index")
+    # iterations of the first dimension, and (unless `pooled`) an estimate of all scalar iterations:
+    # the other dims times what the body's own loops run per iteration (at least 1)
     lines.append(f"%n = arith.maxsi {trips(lines, bounds[:1], 'first_')}, %zero : index")
-    lines.append(f"%work = arith.muli {trips(lines, bounds, 'all_')}, %per_row : index")
-    work = "%work"
     if pooled:
-        lines.append(f"%pooled = arith.constant {POOLED_WORK} : index")
-        work = "%pooled"
+        lines.append(f"%work = arith.constant {POOLED_WORK} : index")
+    else:
+        per_row = "%zero"
+        for i, dims in enumerate(inner):
+            lines.append(f"%row{i} = arith.addi {per_row}, {trips(lines, dims, f'in{i}_')} : index")
+            per_row = f"%row{i}"
+        lines.append(f"%per_row = arith.maxsi {per_row}, %one : index")
+        lines.append(f"%work = arith.muli {trips(lines, bounds, 'all_')}, %per_row : index")
     lines[:0] = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index"]
     params = [f"%v{i}: {v.type}" for i, v in enumerate(captured)]
     callee, args, types = "disc_ral_parallel_for", [], []
@@ -156,7 +155,7 @@ def _pack_text(name: str, par: str, captured: list[ir.Value], bounds: Bounds, in
         args = [f"%g{i}" for i in range(len(types))]
         params += [f"{a}: {t}" for a, t in zip(args, types)]
     signature = ", ".join(types + ["!llvm.ptr", "!llvm.ptr", "i64", "i64"])
-    lines += ["%n64 = arith.index_cast %n : index to i64", f"%work64 = arith.index_cast {work} : index to i64",
+    lines += ["%n64 = arith.index_cast %n : index to i64", "%work64 = arith.index_cast %work : index to i64",
               f"%fp = func.call @{FNPTR_STEM}{par}() : () -> !llvm.ptr",
               f"func.call @{callee}({', '.join(args + ['%fp', '%buf', '%n64', '%work64'])}) : ({signature}) -> ()",
               "llvm.intr.stackrestore %sp : !llvm.ptr", "return"]

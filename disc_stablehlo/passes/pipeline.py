@@ -183,7 +183,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         run_pipeline(module, "builtin.module(loop-invariant-code-motion, canonicalize, cse)", "loop clean-up")
         if target.kind == "cpu":
             prefetch_next_rows(module)
-        if target.kind != "cpu":
+        else:
             reshapes_with_host_sizes(module)
             mark_serial_loops(module, (GUARD_FUNCTION,))
             host_buffers(module)
