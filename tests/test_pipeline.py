@@ -352,9 +352,10 @@ def test_identical_loops_share_one_kernel():
 
 
 def test_code_generation_is_split_with_a_helper_process(monkeypatch):
-    """Kernels are compiled partly in a helper process, at the same time as the rest here: two
-    objects, one shared object, the same results as code generation in this process alone. A
-    helper that dies mid-request leaves its part to this process (and is not started again)."""
+    """Kernels are compiled partly in a helper process, at the same time as the rest here: one
+    object per part (the host code, each kernel), one shared object, the same results as code
+    generation in this process alone. A helper that dies mid-request leaves its parts to this
+    process (and is not started again)."""
     from disc_stablehlo.targets import codegen, get_target
     from disc_stablehlo.targets.x86 import _classic_float_literals
 
@@ -362,12 +363,13 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     t = get_target("x86")
     spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
     kernels = [k.name for k in f.kernels]
+    parts = 1 + len(set(kernels))
     codegen.start_helper()
     for _ in range(200):  # it loads llvmlite in the background
         if codegen.ready_helper():
             break
         time.sleep(0.05)
-    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == parts
     monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
     assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 1
     alone = _compile_two_layers()
@@ -380,8 +382,38 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
 
     monkeypatch.setattr(codegen._Helper, "call", dies)
     monkeypatch.setattr(codegen, "_helper_failed", False)
-    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 2  # its part compiled here
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == parts  # its part compiled here
     assert codegen._helper_failed and codegen.ready_helper() is None
+
+
+def test_a_split_compilation_has_the_host_code_and_at_most_sixteen_parts():
+    """The host code is one part; kernels (the largest first, each to the part with the fewest
+    lines) fill at most 15 more, each kernel in exactly one."""
+    from disc_stablehlo.targets import codegen
+
+    sizes = {"main": 900, "_mlir_ciface_main": 40} | {f"k{i}": 10 + i for i in range(40)}
+    kernels = [f"k{i}" for i in range(40)] + ["k3"]  # a kernel listed twice (used at two places)
+    parts = codegen.parts(sizes, kernels)
+    assert parts[0] == {"main", "_mlir_ciface_main"}
+    assert len(parts) == codegen.MAX_PARTS
+    assert sorted(k for p in parts[1:] for k in p) == sorted(f"k{i}" for i in range(40))
+    lines = [sum(sizes[k] for k in p) for p in parts[1:]]
+    assert max(lines) - min(lines) <= max(sizes[k] for k in kernels)
+    assert codegen.parts({"main": 10, "k": 5}, ["k"]) == [{"main"}, {"k"}]
+
+
+def test_unoptimised_host_code_gets_the_quick_code_generator():
+    """A module whose defined functions are all `optnone` is generated at level 0; any function
+    LLVM optimises keeps level 3."""
+    import llvmlite.binding as llvm
+
+    from disc_stablehlo.targets import codegen
+
+    host = "define void @main() #0 {\n  call void @k()\n  ret void\n}\ndeclare void @k()\nattributes #0 = { noinline optnone }\n"
+    assert codegen.codegen_level(llvm.parse_assembly(host)) == 0
+    kernel = host + "define void @k2() {\n  ret void\n}\n"
+    assert codegen.codegen_level(llvm.parse_assembly(kernel)) == 3
+    assert codegen.codegen_level(llvm.parse_assembly("declare void @k()\n")) == 3
 
 
 def test_the_other_parts_functions_are_declarations():

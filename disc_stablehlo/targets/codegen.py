@@ -2,11 +2,11 @@
 
 llvmlite runs every LLVM call behind one process-wide lock, so a process optimises and generates
 one module at a time, on one core, and that is about 40 % of compiling a model. A module's kernels
-are independent functions, so `emit_objects` hands some of them to a helper process (this file,
-run as a script: it imports nothing but llvmlite and the standard library) and compiles the host
-code and the other kernels here at the same time. Each side keeps the other side's functions and
-shared globals as `available_externally` (dropped before vectorisation and code generation), and
-the two objects link into one shared object.
+are independent functions, so `emit_objects` cuts the module into parts (the host code, and the
+kernels in groups), each defining its own functions and declaring the others', and this process
+and a helper process (this file, run as a script: it imports nothing but llvmlite and the standard
+library) each take the next part as they finish one; the parts' objects link into one shared
+object. Host code that LLVM does not optimise (`optnone`) gets the quick code generator.
 
 The helper starts in the background when the compilation of a module big enough to have several
 kernels starts (`start_helper`), takes work once it has loaded llvmlite (a compilation that finds
@@ -15,6 +15,7 @@ parent (end of its input). `DISC_COMPILE_HELPER=0` keeps all code generation in 
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import os
@@ -68,7 +69,7 @@ class LLVMRejected(Exception):
 def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset(), globals_elsewhere: bool = False
                  ) -> tuple[bytes, bool]:
     """The object for `llvm_ir` without the functions named in `elsewhere` (and without its
-    exported globals when `globals_elsewhere`: the other part defines them); says whether it
+    exported globals when `globals_elsewhere`: another part defines them); says whether it
     calls libmvec."""
     triple, cpu, features, vector_bits = spec
     llvm.initialize_native_target()
@@ -82,8 +83,8 @@ def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset
         for value in mod.global_variables:
             if not value.is_declaration and value.linkage not in (llvm.Linkage.private, llvm.Linkage.internal):
                 value.linkage = llvm.Linkage.available_externally
-    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
-                                                               codemodel="default")
+    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=codegen_level(mod),
+                                                               reloc="pic", codemodel="default")
     mod.triple = triple
     mod.data_layout = str(tm.target_data)
     # O2 with loop vectorisation (the kernels are loop nests). Unrolling multiplied compile time
@@ -112,6 +113,15 @@ def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset
     return tm.emit_object(mod), uses_libmvec
 
 
+def codegen_level(mod: llvm.ModuleRef) -> int:
+    """3 for code LLVM optimises; 0 (the quick instruction selection and register allocation) for
+    a module whose functions are all left unoptimised (`optnone`: straight-line host code),
+    which level 3 would otherwise schedule and allocate registers for at length all the same
+    (the encoder layer's host code: 40 -> 20 ms)."""
+    defined = [fn for fn in mod.functions if not fn.is_declaration]
+    return 0 if defined and all(any(b"optnone" in a for a in fn.attributes) for fn in defined) else 3
+
+
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
 
 
@@ -134,14 +144,6 @@ def _declare(llvm_ir: str, names: frozenset[str]) -> str:
     return "".join(parts)
 
 
-# per line of LLVM IR, host code (straight-line, optnone) costs about a quarter of a kernel's
-# optimisation and code generation (encoder layer: 62 ms for 1821 lines against 243 ms for 1743),
-# and the helper pays for its request (the module pickled, parsed again): counted at a third, the
-# encoder's two parts take 0.15-0.17 s each (at a sixth, the helper's took 0.15-0.22 s and this
-# process's 0.16-0.17; at a quarter, 0.13 and 0.17-0.19)
-HOST_WEIGHT = 1 / 3
-
-
 def _sizes(llvm_ir: str) -> dict[str, int]:
     """Lines of each function defined in the module."""
     starts = [(m.group(1), m.start()) for m in _DEFINE.finditer(llvm_ir)]
@@ -149,20 +151,24 @@ def _sizes(llvm_ir: str) -> dict[str, int]:
     return {name: llvm_ir.count("\n", start, end) for (name, start), end in zip(starts, ends)}
 
 
-def split(sizes: dict[str, int], kernels: list[str]) -> frozenset[str]:
-    """The kernels the helper compiles (`sizes`: lines of each function defined in the module):
-    the largest first, each to the side with less work so far (this process starts with the
-    host code)."""
-    movable = sorted((k for k in set(kernels) if k in sizes), key=lambda k: -sizes[k])
-    here = HOST_WEIGHT * sum(n for name, n in sizes.items() if name not in movable)
-    there, helper = 0.0, set()
+MAX_PARTS = 16  # a split compilation's parts: each parses the module's globals and declarations again
+
+
+def parts(sizes: dict[str, int], kernels: list[str]) -> list[frozenset[str]]:
+    """The functions each part of a split compilation defines (`sizes`: lines of each function
+    defined in the module): the host code (every function that is not a kernel) first, then
+    the kernels in at most MAX_PARTS - 1 groups, the largest first, each kernel to the group
+    with the fewest lines so far. This process and the helper each take the next part when
+    they finish one, so lines need not predict LLVM's time well (they do not: a kernel with
+    exp takes twice as long per line)."""
+    movable = sorted((k for k in set(kernels) if k in sizes), key=lambda k: (-sizes[k], k))
+    groups: list[list[str]] = [[] for _ in range(min(len(movable), MAX_PARTS - 1))]
+    lines = [0] * len(groups)
     for k in movable:
-        if there < here:
-            there += sizes[k]
-            helper.add(k)
-        else:
-            here += sizes[k]
-    return frozenset(helper)
+        i = lines.index(min(lines))
+        groups[i].append(k)
+        lines[i] += sizes[k]
+    return [frozenset(sizes) - frozenset(movable)] + [frozenset(g) for g in groups]
 
 
 class _Helper:
@@ -239,33 +245,61 @@ def ready_helper() -> _Helper | None:
 
 
 def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[bytes], bool]:
-    """Object files for the module (one, or two when the helper takes some of `kernels`), and
-    whether they call libmvec."""
+    """Object files for the module (one, or one per part when the helper takes a share, see
+    `parts`), and whether they call libmvec."""
     helper = ready_helper() if len(set(kernels)) >= 2 else None
-    sizes = _sizes(llvm_ir) if helper is not None else {}
-    there = split(sizes, kernels) if helper is not None else frozenset()
-    if not there or not helper.lock.acquire(blocking=False):
+    if helper is None or not helper.lock.acquire(blocking=False):
         obj, libmvec = compile_part(llvm_ir, spec)
         return [obj], libmvec
     try:
-        reply: list = []
-        request = (llvm_ir, spec, frozenset(sizes) - there, True)
-        worker = threading.Thread(target=lambda: reply.append(_ask(helper, request)))
-        worker.start()
+        sizes = _sizes(llvm_ir)
+        every = frozenset(sizes)
+        host = every - frozenset(kernels)
+        # (functions elsewhere, whether the globals are elsewhere): the host code's part defines them
+        queue = collections.deque((every - part, part != host) for part in parts(sizes, kernels))
+        done: list[tuple[bytes, bool]] = []
+        rejected: list[str] = []
+        feeder = threading.Thread(target=_feed, args=(helper, llvm_ir, spec, queue, done, rejected))
+        feeder.start()
         try:
-            obj, libmvec = compile_part(llvm_ir, spec, there)
+            _drain(queue, llvm_ir, spec, done)
         finally:
-            worker.join()
+            feeder.join()
+        _drain(queue, llvm_ir, spec, done)  # parts the helper gave back (it died)
     finally:
         helper.lock.release()
-    status, *result = reply[0]
-    if status == "rejected":
-        raise LLVMRejected(result[0])
-    if status == "failed":  # the helper died: its part is compiled here
-        other, other_libmvec = compile_part(*request)
-    else:
-        other, other_libmvec = result
-    return [obj, other], libmvec or other_libmvec
+    if rejected:
+        raise LLVMRejected(rejected[0])
+    return [obj for obj, _ in done], any(libmvec for _, libmvec in done)
+
+
+def _drain(queue: collections.deque, llvm_ir: str, spec: Spec, done: list) -> None:
+    """Compiles parts here until none is left (`deque.popleft` is atomic: the helper's feeder
+    takes from the same queue)."""
+    while True:
+        try:
+            elsewhere, globals_elsewhere = queue.popleft()
+        except IndexError:
+            return
+        done.append(compile_part(llvm_ir, spec, elsewhere, globals_elsewhere))
+
+
+def _feed(helper: _Helper, llvm_ir: str, spec: Spec, queue: collections.deque, done: list, rejected: list) -> None:
+    """Hands the helper the next part until none is left; a part it cannot take (it died) goes
+    back to the queue for this process."""
+    while not rejected:
+        try:
+            elsewhere, globals_elsewhere = queue.popleft()
+        except IndexError:
+            return
+        status, *result = _ask(helper, (_declare(llvm_ir, elsewhere), spec, frozenset(), globals_elsewhere))
+        if status == "failed":
+            queue.append((elsewhere, globals_elsewhere))
+            return
+        if status == "rejected":
+            rejected.append(result[0])
+        else:
+            done.append(tuple(result))
 
 
 def _ask(helper: _Helper, request: tuple) -> tuple:
