@@ -174,10 +174,8 @@ def complete(partial: str, path: str, fills: Sequence[tuple[np.ndarray, int, int
     or nothing). The checksum is computed beside the writes, over the deferred parameters in memory."""
     blobs = sorted((at, np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a, at, _ in fills)
     try:
-        wrong = [(a.nbytes, nbytes, at) for a, at, nbytes in fills if a.nbytes != nbytes]
-        if wrong:
-            raise ArtifactError(f"{partial}: internal compiler error: weights of {wrong[0][0]} bytes for the "
-                                f"{wrong[0][1]} bytes left at offset {wrong[0][2]}")
+        if _wrong_size(fills):
+            raise ArtifactError(f"{partial}: {_wrong_size(fills)}")
         with open(partial, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
             digest = hashlib.sha256()
 
@@ -204,6 +202,13 @@ def complete(partial: str, path: str, fills: Sequence[tuple[np.ndarray, int, int
             os.unlink(partial)
 
 
+def _wrong_size(fills: Sequence[tuple[np.ndarray, int, int]]) -> str | None:
+    """What is wrong with weights (array, offset, bytes) of another size than the room left for them."""
+    wrong = [(a.nbytes, nbytes, at) for a, at, nbytes in fills if a.nbytes != nbytes]
+    return (f"internal compiler error: weights of {wrong[0][0]} bytes for the {wrong[0][1]} bytes left at offset {wrong[0][2]}"
+            if wrong else None)
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A file written beside `path` and renamed into place once complete: a concurrent reader
@@ -220,20 +225,25 @@ def replacing(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
 @dataclasses.dataclass
 class Artifact:
-    """A verified artifact, mapped read-only."""
+    """A verified artifact, mapped read-only; or one just compiled, without its checksum, whose
+    deferred parameters are still in the caller's memory (`pending`: offset -> array), which
+    `params` reads there and `save` writes: a model's weights need not go through a file it may
+    never keep. `pending` is None for a whole file."""
     path: str
     header: dict[str, Any]
     data: mmap.mmap
+    pending: dict[int, np.ndarray] | None = None
 
     def section(self, name: str) -> memoryview:
         offset, size = self.header["sections"][name]
         return memoryview(self.data)[offset:offset + size]
 
     def params(self) -> list[np.ndarray]:
-        """The parameters, read-only, copied out of the mapped file into one block of the
-        process's own memory: kernels stream weights from there markedly faster than from the
-        file's page-cache pages once other work has taken them out of the cache (GPT-2 at
-        (1, 32): a call after another model's 58 -> 47 ms)."""
+        """The parameters, read-only, copied out of the mapped file (or the caller's memory, for
+        pending ones) into one block of the process's own memory: kernels stream weights from
+        there markedly faster than from the file's page-cache pages once other work has taken
+        them out of the cache (GPT-2 at (1, 32): a call after another model's 58 -> 47 ms).
+        Pending parameters are then the block's copies (what `save` writes)."""
         params = self.header["params"]
         if not params:
             return []
@@ -242,10 +252,29 @@ class Artifact:
         memory = np.empty(size + ALIGN, np.uint8)
         skip = -memory.ctypes.data % ALIGN  # the file's alignment kept
         block = memory[skip:skip + size]
-        block[:] = np.frombuffer(self.data, np.uint8, size, start)
+        for p in params:
+            at, n = p["offset"], p["nbytes"]
+            pending = self.pending.get(at) if self.pending else None
+            block[at - start:at - start + n] = (np.frombuffer(self.data, np.uint8, n, at) if pending is None
+                                                else np.ascontiguousarray(pending).reshape(-1).view(np.uint8))
         block.flags.writeable = False
-        return [np.frombuffer(block, ELEMENT_TYPES[p["dtype"]], int(np.prod(p["shape"], dtype=np.int64)), p["offset"] - start)
-                .reshape(p["shape"]) for p in params]
+        out = [np.frombuffer(block, ELEMENT_TYPES[p["dtype"]], int(np.prod(p["shape"], dtype=np.int64)), p["offset"] - start)
+               .reshape(p["shape"]) for p in params]
+        if self.pending is not None:
+            self.pending = {p["offset"]: a for p, a in zip(params, out) if p["offset"] in self.pending}
+        return out
+
+    def save(self, path: str) -> None:
+        """Writes the artifact to `path` (renamed into place once complete); a just compiled one
+        gets its pending parameters and its checksum (`complete`)."""
+        if self.pending is None:
+            with replacing(path) as f:
+                f.write(memoryview(self.data))
+            return
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"
+        with open(partial, "wb") as f:
+            f.write(memoryview(self.data))
+        complete(partial, path, [(a, at, a.nbytes) for at, a in self.pending.items()])
 
     @property
     def signature(self) -> Signature:
@@ -264,9 +293,11 @@ class Artifact:
         return [Kernel(**{k: tuple(v) if isinstance(v, list) else v for k, v in kd.items()}) for kd in self.header["info"]["kernels"]]
 
 
-def read(path: str, verify: bool = True) -> Artifact:
+def read(path: str, verify: bool = True, pending: Sequence[tuple[np.ndarray, int, int]] | None = None) -> Artifact:
     """Maps and verifies an artifact; ArtifactError says what is wrong with a file that is not one.
-    `verify=False` skips the checksum, for a file this process has just completed."""
+    `verify=False` skips the checksum, for a file this process has just completed, or one the
+    compiler has just written but for the deferred parameters `pending` ((array, offset, bytes),
+    as `complete` takes them), which stay in this process's memory (`Artifact.pending`)."""
     def bad(why: str) -> ArtifactError:
         return ArtifactError(f"{path}: {why}")
 
@@ -294,7 +325,11 @@ def read(path: str, verify: bool = True) -> Artifact:
     except ValueError as e:
         raise bad(f"unreadable header: {e}") from None
     _check_target(header.get("target", {}), bad)
-    return Artifact(path, header, data)
+    if pending is None:
+        return Artifact(path, header, data)
+    if _wrong_size(pending):
+        raise bad(_wrong_size(pending))
+    return Artifact(path, header, data, {at: a for a, at, _ in pending})
 
 
 def _check_target(target: dict, bad: Any) -> None:

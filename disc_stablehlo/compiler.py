@@ -67,17 +67,24 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
             os.unlink(source.payload)
         return CompiledFunction(Executable(artifact.read(path, verify=True), default_runtime()), binding, compile_count=0)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
-        path, cached, seconds = worker.compile(source, binding_json, tuple(constraints), target, buffer_reuse,
-                                               os.path.join(tmp, "compiled.disc"), progress)
+        compiled = worker.compile(source, binding_json, tuple(constraints), target, buffer_reuse,
+                                  os.path.join(tmp, "compiled.disc"), progress)
+        cached = compiled.partial is None
+        if not cached and cache_dir:  # kept: the weights go into the file
+            compiled.complete()
         loading = time.perf_counter()
-        # mapped: the mapping outlives a temporary file; one this process has just completed needs no second checksum
-        art = artifact.read(path, verify=cached)
+        # mapped: the mapping outlives a temporary file; one just compiled needs no checksum, and
+        # without a cache its weights stay in this process's memory until `save` (`Artifact.pending`)
+        if cached or cache_dir:
+            art = artifact.read(compiled.path, verify=cached)
+        else:
+            art = artifact.read(compiled.partial, verify=False, pending=compiled.fills)
     if cache_dir:
-        cache.record(cache_dir, key, path)
+        cache.record(cache_dir, key, compiled.path)
     f = CompiledFunction(Executable(art, default_runtime()), binding, compile_count=0 if cached else 1)
     if not cached:
         end = time.perf_counter()
-        f.compile_seconds = {**({"export": export_seconds} if export_seconds is not None else {}), **seconds,
+        f.compile_seconds = {**({"export": export_seconds} if export_seconds is not None else {}), **compiled.seconds,
                              "loading": end - loading, "total": end - start + (export_seconds or 0.0)}
         if "compile" in os.environ.get("DISC_LOG", "").split(","):
             print("compile time:\n" + "".join(f"  {stage:<48} {s * 1e3:8.1f} ms\n" for stage, s in f.compile_seconds.items()),

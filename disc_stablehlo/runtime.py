@@ -638,8 +638,7 @@ class CompiledFunction:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the artifact to one file (docs/artifact.md): shared object, parameters, metadata."""
-        with artifact.replacing(path) as f:
-            f.write(memoryview(self._exe.artifact.data))
+        self._exe.artifact.save(os.fspath(path))
 
     def __call__(self, *args: Any) -> Any:
         b = self._binding

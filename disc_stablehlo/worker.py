@@ -15,6 +15,7 @@ compiles in the calling process (debugging)."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -182,11 +183,11 @@ def prepare(modules: tuple[str, ...]) -> None:
 
 
 def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
-            progress: Callable[[str], None] | None = None) -> tuple[str, bool, dict[str, float]]:
-    """Compiles `source` into an artifact; returns its path (`out_path`, or in DISC_CACHE_DIR when
-    that is set), whether it was found there, compiled before, and the seconds each stage took
-    (none when found). The worker writes the file, this process completes it with the weights
-    the source held back (`artifact.complete`). `progress` is told each stage as it starts."""
+            progress: Callable[[str], None] | None = None) -> Compiled:
+    """Compiles `source` into an artifact (at `out_path`, or in DISC_CACHE_DIR when that is set);
+    the worker writes the file but for the weights the source held back, which the caller writes
+    (`Compiled.complete`) or keeps in memory (`artifact.read(pending=)`). `progress` is told each
+    stage as it starts."""
     request = {"source": source, "binding": binding, "constraints": tuple(constraints), "target": target,
                "buffer_reuse": buffer_reuse, "out_path": out_path,
                "env": {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIX)}}
@@ -203,11 +204,26 @@ def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: st
         if source.kind == "torch" and not (w and w.crashed):  # the exporter's saved program (after a crash: the reproducer)
             os.unlink(source.payload)
     if "partial" not in reply:
-        return reply["path"], True, {}
-    start = time.perf_counter()
-    artifact.complete(reply["partial"], reply["path"], [(source.weights[i], at, nbytes) for i, at, nbytes in reply["fills"]])
-    return reply["path"], False, {"waiting for the compiler worker": picked_up[0] - sent, **reply["seconds"],
-                                  "writing the weights": time.perf_counter() - start}
+        return Compiled(reply["path"], None, [], {})
+    return Compiled(reply["path"], reply["partial"], [(source.weights[i], at, nbytes) for i, at, nbytes in reply["fills"]],
+                    {"waiting for the compiler worker": picked_up[0] - sent, **reply["seconds"]})
+
+
+@dataclasses.dataclass
+class Compiled:
+    """What `compile` returns: the artifact's path; unless it was found in the cache (compiled
+    before), the file the worker wrote (`partial`), the caller's weights it left room for
+    ((array, offset, bytes)) and the seconds each stage took."""
+    path: str
+    partial: str | None
+    fills: list[tuple[Any, int, int]]
+    seconds: dict[str, float]
+
+    def complete(self) -> None:
+        """Writes the weights and the checksum: the artifact at `path` is whole."""
+        start = time.perf_counter()
+        artifact.complete(self.partial, self.path, self.fills)
+        self.seconds["writing the weights"] = time.perf_counter() - start
 
 
 def _no_progress(stage: str) -> None:

@@ -121,9 +121,12 @@ def _check(f, model, sizes=(1, 5)):
             np.testing.assert_allclose(f(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_torch_weights_stay_with_the_caller():
-    """The program handed to the compiler holds stand-ins, not weights: the caller writes each
-    distinct tensor into the artifact itself, once (tied weights share one parameter)."""
+def test_torch_weights_stay_with_the_caller(tmp_path):
+    """The program handed to the compiler holds stand-ins, not weights: the caller keeps each
+    distinct tensor (tied weights share one parameter), copied once into the function's
+    parameters, and writes them into the artifact only when it is saved: the saved file has the
+    weights of compile time, checksummed."""
+    import copy
     import importlib
     import pickle
 
@@ -142,11 +145,18 @@ def test_torch_weights_stay_with_the_caller():
         os.unlink(source.payload)
     f = disc.compile(model, (x,), dynamic_shapes=spec)
     assert sorted(p.nbytes for p in f._exe.params) == [256 * 4, 256 * 4, 64 * 256 * 4, 256 * 256 * 4]
+    # not written to the compiler's file: kept as the parameters' own copies, for `save`
+    pending = f._exe.artifact.pending
+    assert len(pending) == 4 and all(any(a is p for p in f._exe.params) for a in pending.values())
     _check(f, model)
+    original = copy.deepcopy(model)
     with torch.no_grad():
-        model.first.weight.mul_(2)  # the artifact holds a copy: later changes to the model do not reach it
+        model.first.weight.mul_(2)  # the function holds a copy: later changes to the model do not reach it
     with pytest.raises(AssertionError):
         _check(f, model)
+    _check(f, original)
+    f.save(tmp_path / "tied.disc")
+    _check(disc.load(tmp_path / "tied.disc"), original)  # load verifies the checksum
 
 
 def test_torch_compile_cache_keys_on_the_weights(tmp_path, monkeypatch):
