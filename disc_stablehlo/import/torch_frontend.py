@@ -624,12 +624,18 @@ def _restore_list_values(graph: Any) -> None:
 
 
 @contextlib.contextmanager
-def _parsed_once() -> Any:
-    """torch.export's loader parses each symbolic size and stride of every node from its text,
-    and each sub-expression again for every expression holding it (sympy, quadratic in the nesting):
-    a DenseNet's sizes, floor divisions nested through its poolings and concatenations, took 26 s
-    to load. While loading, each expression is parsed once (a later request for it, with no new
-    hint, gets the first result)."""
+def _quick_load() -> Any:
+    """torch.export's loader, without two costs that grow with the program:
+    - it parses each symbolic size and stride of every node from its text, and each
+      sub-expression again for every expression holding it (sympy, quadratic in the nesting): a
+      DenseNet's sizes, floor divisions nested through its poolings and concatenations, took 26 s
+      to load. While loading, each expression is parsed once (a later request for it, with no
+      new hint, gets the first result).
+    - it resolves the type hints of a schema class again for every object it reads (16 000 times
+      for BERT-base: 1 s of the 1.6 s its loading took). While loading, once per class."""
+    import typing
+
+    from torch._export.serde import serialize
     from torch._export.serde.serialize import GraphModuleDeserializer
 
     parse = GraphModuleDeserializer._parse_sym_expr
@@ -641,11 +647,27 @@ def _parsed_once() -> Any:
             sym = seen[expr] = parse(self, expr, hint)
         return sym
 
+    class CachedHints:
+        """The loader's `typing`, with `get_type_hints` answered once per class."""
+
+        hints: dict[Any, Any] = {}
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(typing, name)
+
+        def get_type_hints(self, cls: Any, globalns: Any = None) -> Any:
+            key = (cls, id(globalns))
+            if key not in self.hints:
+                self.hints[key] = typing.get_type_hints(cls, globalns=globalns)
+            return self.hints[key]
+
     GraphModuleDeserializer._parse_sym_expr = once
+    serialize.typing = CachedHints()
     try:
         yield
     finally:
         GraphModuleDeserializer._parse_sym_expr = parse
+        serialize.typing = typing
 
 
 def import_torch(source: Source) -> Imported:
@@ -660,7 +682,7 @@ def import_torch(source: Source) -> Imported:
     from ..bounded_dynamism.signature import signature_from_function
     from .torch_ops import LEGAL_OPS, define_functions, rewrite_torch_ops, to_stablehlo
 
-    with _parsed_once():
+    with _quick_load():
         ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
     # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look

@@ -20,7 +20,7 @@ from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
 from ..mlir_support import create_value, identity_layout, index_constant, int_constant, llvm_string, location_text, operation, walk
-from .epilogues import behind
+from .epilogues import behind, epilogues
 
 ARENA_ALIGNMENT = 64
 ARENA_BUFFER_LIMIT = 16 << 20  # bytes: a buffer whose bound is larger is allocated per call
@@ -70,6 +70,7 @@ def _root_allocation(v: ir.Value) -> ir.Value | None:
 
 
 def free_after_last_use(module: ir.Module) -> None:
+    pairs = epilogues(module)
     for dealloc in [op for op in walk(module.operation) if op.name == "memref.dealloc"]:
         root = _root_allocation(dealloc.operands[0])
         block = dealloc.block
@@ -82,7 +83,7 @@ def free_after_last_use(module: ir.Module) -> None:
                 if owner == dealloc:
                     continue
                 top = _top_level(owner, block)
-                top = behind(top) if top is not None else None  # a GEMM reads its operands while its epilogue runs
+                top = behind(top, pairs) if top is not None else None  # a GEMM reads its operands while its epilogue runs
                 if top is not None and (last is None or last.is_before_in_block(top)):
                     last = top
         if last is not None and last.is_before_in_block(dealloc) and not last.name.endswith(("yield", "return", "condition")):

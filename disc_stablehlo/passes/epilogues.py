@@ -156,21 +156,20 @@ def fuse_epilogues(module: ir.Module) -> int:
     return marked
 
 
-def behind(op: ir.Operation) -> ir.Operation:
-    """For a library call with an epilogue, the epilogue loop (which runs inside the call, so it is
-    where the call's operands are last used); any other op itself."""
+def epilogues(module: ir.Module) -> dict[int, tuple[ir.Operation, ir.Operation]]:
+    """Each library call with an epilogue and its loop, by their mark (one walk: looking for the
+    other of the pair in a block of thousands of ops, at each of BERT's, was quadratic)."""
+    calls, loops = {}, {}
+    for op in walk(module.operation):
+        if EPILOGUE_ATTR in op.attributes:
+            mark = ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value
+            (loops if op.name == "scf.parallel" else calls)[mark] = op
+    return {mark: (call, loops[mark]) for mark, call in calls.items() if mark in loops}
+
+
+def behind(op: ir.Operation, pairs: dict[int, tuple[ir.Operation, ir.Operation]]) -> ir.Operation:
+    """For a library call with an epilogue (`pairs`: `epilogues`), the epilogue loop (which runs
+    inside the call, so it is where the call's operands are last used); any other op itself."""
     if EPILOGUE_ATTR not in op.attributes or op.name != "func.call":
         return op
-    mark = op.attributes[EPILOGUE_ATTR]
-    return next((o.operation for o in op.block.operations
-                 if o.operation.name == "scf.parallel" and EPILOGUE_ATTR in o.operation.attributes
-                 and o.operation.attributes[EPILOGUE_ATTR] == mark), op)
-
-
-def call_of(loop: ir.Operation) -> ir.Operation | None:
-    """The library call an epilogue loop runs behind."""
-    if EPILOGUE_ATTR not in loop.attributes:
-        return None
-    mark = loop.attributes[EPILOGUE_ATTR]
-    return next((o.operation for o in loop.block.operations if library_callee(o.operation)
-                 and EPILOGUE_ATTR in o.operation.attributes and o.operation.attributes[EPILOGUE_ATTR] == mark), None)
+    return pairs.get(ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value, (op, op))[1]

@@ -187,18 +187,6 @@ def _fused_kind(first: str, second: str) -> str:
     return "loop"
 
 
-def _hoist_between(first: ir.Operation, second: ir.Operation) -> bool:
-    """Moves the ops between two loops (allocations, shape arithmetic: nothing that reads or
-    writes buffer contents) above the first; False, moving nothing, if one of them cannot move."""
-    ops = [o.operation for o in first.block.operations]
-    between = ops[ops.index(first) + 1:ops.index(second)]
-    if any(not op.name.startswith(_HOISTABLE) or op.regions for op in between):
-        return False
-    for op in between:
-        op.move_before(first)
-    return True
-
-
 def copies_to_linalg(module: ir.Module) -> None:
     """Buffer copies bufferization inserts (`memref.copy`, a runtime call) become linalg copies:
     loops that run on the thread pool and can fuse with their neighbours."""
@@ -222,30 +210,35 @@ def fuse_loops(module: ir.Module) -> int:
         # blocks outside parallel loops (fusion erases loops, and the blocks inside them)
         blocks = [b for op in walk(func) if op.name != "scf.parallel" and not _in_parallel(op) for r in op.regions for b in r.blocks]
         for block in blocks:
-            current = None
+            current, between = None, []  # the loop fusion may extend, the ops after it
             for op in [o.operation for o in block.operations]:
                 if op.name != "scf.parallel":
                     if not op.name.startswith(_HOISTABLE) or op.regions:
                         current = None  # a barrier (a call, a store, another loop): loops on either side stay apart
+                    between.append(op)
                     continue
                 if op.results or _in_parallel(op):
                     current = None
                     continue
-                merged = _try_fuse(current, op) if current is not None else None
+                merged = _try_fuse(current, op, between) if current is not None else None
                 if merged is not None:
                     fused += 1
-                current = merged or op
+                current, between = merged or op, []
     return fused
 
 
-def _try_fuse(first: ir.Operation, second: ir.Operation) -> ir.Operation | None:
-    """The fused loop, or None when the two loops cannot fuse."""
+def _try_fuse(first: ir.Operation, second: ir.Operation, between: list[ir.Operation]) -> ir.Operation | None:
+    """The fused loop, or None when the two loops cannot fuse. `between`: the ops between them
+    (allocations, shape arithmetic: nothing that reads or writes buffer contents), moved above
+    the first loop."""
     b1, b2 = loop_bounds(first), loop_bounds(second)
     k = min(len(b1), len(b2))
     if any(not all(_same_bound(x, y) for x, y in zip(p, q)) for p, q in zip(b1[:k], b2[:k])):
         return None
-    if not _row_local(first, second, k) or not _hoist_between(first, second):
+    if not _row_local(first, second, k):
         return None
+    for op in between:
+        op.move_before(first)
     kind = _fused_kind(_kind(first), _kind(second))
     first = _split(first, k)
     second = _split(second, k)
