@@ -429,7 +429,9 @@ def test_the_other_parts_functions_are_declarations():
             "define void @k2(ptr %0, i64 %1) {\n  ret void\n}\n"
             "define void @main() {\n  call void @k1(ptr null, i64 0)\n  call void @k2(ptr null, i64 1)\n  ret void\n}\n"
             "attributes #0 = { noinline }\n")
-    out = codegen._declare(text, frozenset({"k1", "helper", "main"}))
+    functions = codegen.Functions(text)
+    assert functions.sizes() == {"k1": 4, "k2": 3, "main": 5}  # local functions are in every part
+    out = functions.text(frozenset({"k1", "main"}))
     mod = llvm.parse_assembly(out)
     mod.verify()
     declared = {f.name for f in mod.functions if f.is_declaration}

@@ -633,6 +633,7 @@ def _quick_load() -> Any:
       new hint, gets the first result).
     - it resolves the type hints of a schema class again for every object it reads (16 000 times
       for BERT-base: 1 s of the 1.6 s its loading took). While loading, once per class."""
+    import types
     import typing
 
     from torch._export.serde import serialize
@@ -647,22 +648,16 @@ def _quick_load() -> Any:
             sym = seen[expr] = parse(self, expr, hint)
         return sym
 
-    class CachedHints:
-        """The loader's `typing`, with `get_type_hints` answered once per class."""
+    hints: dict[tuple, Any] = {}
 
-        hints: dict[Any, Any] = {}
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(typing, name)
-
-        def get_type_hints(self, cls: Any, globalns: Any = None) -> Any:
-            key = (cls, id(globalns))
-            if key not in self.hints:
-                self.hints[key] = typing.get_type_hints(cls, globalns=globalns)
-            return self.hints[key]
+    def get_type_hints(cls: Any, globalns: Any = None) -> Any:
+        key = (cls, id(globalns))
+        if key not in hints:
+            hints[key] = typing.get_type_hints(cls, globalns=globalns)
+        return hints[key]
 
     GraphModuleDeserializer._parse_sym_expr = once
-    serialize.typing = CachedHints()
+    serialize.typing = types.SimpleNamespace(**{**vars(typing), "get_type_hints": get_type_hints})  # the loader's `typing`
     try:
         yield
     finally:

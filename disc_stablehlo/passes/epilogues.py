@@ -140,13 +140,19 @@ def fuse_epilogues(module: ir.Module) -> int:
     that loop; returns how many. Run after loop fusion (the loop is whole) and before rows are
     collapsed (the row structure is still the loop's leading dims)."""
     marked = 0
+    after: dict[ir.Operation, ir.Operation | None] = {}  # each op -> the next op of its block that is not hoistable
     for call in [op for op in walk(module.operation)
                  if library_callee(op) and not _in_parallel(op) and STRIDED_RESULT_ATTR not in op.attributes]:
         c = _buffer_of_pointer(call.operands[_OPERANDS[library_callee(call)][1]])
         if c is None or isinstance(c.owner, ir.Block) or operation(c.owner).name != "memref.alloc":
             continue
-        ops = [o.operation for o in call.block.operations]
-        loop = next((o for o in ops[ops.index(call) + 1:] if not o.name.startswith(_HOISTABLE) or o.regions), None)
+        if call not in after:  # once per block (listing it at each call was quadratic in BERT-base's)
+            following = None
+            for o in reversed([o.operation for o in call.block.operations]):
+                after[o] = following
+                if not o.name.startswith(_HOISTABLE) or o.regions:
+                    following = o
+        loop = after[call]
         if (loop is None or loop.name != "scf.parallel" or loop.results or _expansion_checks(loop)
                 or not _rows_only(loop, call, c)):
             continue

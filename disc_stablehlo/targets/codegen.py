@@ -66,16 +66,14 @@ class LLVMRejected(Exception):
     """LLVM's parser or verifier rejected the module (the message says where)."""
 
 
-def compile_part(llvm_ir: str, spec: Spec, elsewhere: frozenset[str] = frozenset(), globals_elsewhere: bool = False
-                 ) -> tuple[bytes, bool]:
-    """The object for `llvm_ir` without the functions named in `elsewhere` (and without its
-    exported globals when `globals_elsewhere`: another part defines them); says whether it
-    calls libmvec."""
+def compile_part(llvm_ir: str, spec: Spec, globals_elsewhere: bool = False) -> tuple[bytes, bool]:
+    """The object for `llvm_ir` (without its exported globals when `globals_elsewhere`: another
+    part defines them); says whether it calls libmvec."""
     triple, cpu, features, vector_bits = spec
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     try:
-        mod = llvm.parse_assembly(_declare(llvm_ir, elsewhere) if elsewhere else llvm_ir)
+        mod = llvm.parse_assembly(llvm_ir)
         mod.verify()
     except RuntimeError as e:
         raise LLVMRejected(str(e)) from None
@@ -125,30 +123,34 @@ def codegen_level(mod: llvm.ModuleRef) -> int:
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
 
 
-def _declare(llvm_ir: str, names: frozenset[str]) -> str:
-    """The module with the (not local) functions in `names` declared instead of defined. (As
-    `available_externally` definitions, the other part's kernels went through this part's
-    inlining and simplification passes, referenced as they are by the host code, before being
-    dropped: 10 % of the LLVM time spent twice.)"""
-    parts, done = [], 0
-    for m in _DEFINE.finditer(llvm_ir):
-        if m.group(1) not in names:
-            continue
-        header_end = llvm_ir.index("\n", m.start())
-        header = llvm_ir[m.start():header_end]
-        if re.match(r"define (private|internal) ", header):
-            continue
-        parts += [llvm_ir[done:m.start()], "declare", header.removeprefix("define").rstrip().removesuffix("{"), "\n"]
-        done = llvm_ir.index("\n}\n", header_end) + 3
-    parts.append(llvm_ir[done:])
-    return "".join(parts)
+class Functions:
+    """A module's text cut once at its (not local) function definitions: `text(elsewhere)` is the
+    module with those functions declared instead of defined, for one part of a split compilation,
+    at the cost of a join (cutting the module again for each part was quadratic: BERT-base's 15
+    parts, 17 ms each). (As `available_externally` definitions, another part's kernels went
+    through this part's inlining and simplification passes, referenced as they are by the host
+    code, before being dropped: 10 % of the LLVM time spent twice.)"""
 
+    def __init__(self, llvm_ir: str) -> None:
+        self.pieces: list[tuple[str | None, str, str]] = []  # (function or None, its text, its declaration)
+        done = 0
+        for m in _DEFINE.finditer(llvm_ir):
+            header_end = llvm_ir.index("\n", m.start())
+            header = llvm_ir[m.start():header_end]
+            if re.match(r"define (private|internal) ", header):
+                continue
+            end = llvm_ir.index("\n}\n", header_end) + 3
+            declaration = "declare" + header.removeprefix("define").rstrip().removesuffix("{") + "\n"
+            self.pieces += [(None, llvm_ir[done:m.start()], ""), (m.group(1), llvm_ir[m.start():end], declaration)]
+            done = end
+        self.pieces.append((None, llvm_ir[done:], ""))
 
-def _sizes(llvm_ir: str) -> dict[str, int]:
-    """Lines of each function defined in the module."""
-    starts = [(m.group(1), m.start()) for m in _DEFINE.finditer(llvm_ir)]
-    ends = [s for _, s in starts[1:]] + [len(llvm_ir)]
-    return {name: llvm_ir.count("\n", start, end) for (name, start), end in zip(starts, ends)}
+    def sizes(self) -> dict[str, int]:
+        """Lines of each function."""
+        return {name: text.count("\n") for name, text, _ in self.pieces if name is not None}
+
+    def text(self, elsewhere: frozenset[str]) -> str:
+        return "".join(declaration if name in elsewhere else text for name, text, declaration in self.pieces)
 
 
 MAX_PARTS = 16  # a split compilation's parts: each parses the module's globals and declarations again
@@ -252,20 +254,21 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[byt
         obj, libmvec = compile_part(llvm_ir, spec)
         return [obj], libmvec
     try:
-        sizes = _sizes(llvm_ir)
+        functions = Functions(llvm_ir)
+        sizes = functions.sizes()
         every = frozenset(sizes)
         host = every - frozenset(kernels)
         # (functions elsewhere, whether the globals are elsewhere): the host code's part defines them
         queue = collections.deque((every - part, part != host) for part in parts(sizes, kernels))
         done: list[tuple[bytes, bool]] = []
         rejected: list[str] = []
-        feeder = threading.Thread(target=_feed, args=(helper, llvm_ir, spec, queue, done, rejected))
+        feeder = threading.Thread(target=_feed, args=(helper, functions, spec, queue, done, rejected))
         feeder.start()
         try:
-            _drain(queue, llvm_ir, spec, done)
+            _drain(queue, functions, spec, done)
         finally:
             feeder.join()
-        _drain(queue, llvm_ir, spec, done)  # parts the helper gave back (it died)
+        _drain(queue, functions, spec, done)  # parts the helper gave back (it died)
     finally:
         helper.lock.release()
     if rejected:
@@ -273,7 +276,7 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[byt
     return [obj for obj, _ in done], any(libmvec for _, libmvec in done)
 
 
-def _drain(queue: collections.deque, llvm_ir: str, spec: Spec, done: list) -> None:
+def _drain(queue: collections.deque, functions: Functions, spec: Spec, done: list) -> None:
     """Compiles parts here until none is left (`deque.popleft` is atomic: the helper's feeder
     takes from the same queue)."""
     while True:
@@ -281,10 +284,10 @@ def _drain(queue: collections.deque, llvm_ir: str, spec: Spec, done: list) -> No
             elsewhere, globals_elsewhere = queue.popleft()
         except IndexError:
             return
-        done.append(compile_part(llvm_ir, spec, elsewhere, globals_elsewhere))
+        done.append(compile_part(functions.text(elsewhere), spec, globals_elsewhere))
 
 
-def _feed(helper: _Helper, llvm_ir: str, spec: Spec, queue: collections.deque, done: list, rejected: list) -> None:
+def _feed(helper: _Helper, functions: Functions, spec: Spec, queue: collections.deque, done: list, rejected: list) -> None:
     """Hands the helper the next part until none is left; a part it cannot take (it died) goes
     back to the queue for this process."""
     while not rejected:
@@ -292,7 +295,7 @@ def _feed(helper: _Helper, llvm_ir: str, spec: Spec, queue: collections.deque, d
             elsewhere, globals_elsewhere = queue.popleft()
         except IndexError:
             return
-        status, *result = _ask(helper, (_declare(llvm_ir, elsewhere), spec, frozenset(), globals_elsewhere))
+        status, *result = _ask(helper, (functions.text(elsewhere), spec, globals_elsewhere))
         if status == "failed":
             queue.append((elsewhere, globals_elsewhere))
             return
