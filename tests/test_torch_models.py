@@ -46,6 +46,26 @@ class CNN(torch.nn.Module):
         return self.fc(self.avg(h).flatten(1))
 
 
+class BatchNorms(torch.nn.Module):
+    """Inference batch norms with random statistics and parameters (a fresh one is an identity):
+    over [N, C, L], over [N, C], and without affine parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.seq, self.flat, self.plain = torch.nn.BatchNorm1d(8), torch.nn.BatchNorm1d(8), torch.nn.BatchNorm1d(8, affine=False)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for bn in (self.seq, self.flat, self.plain):
+                bn.running_mean.uniform_(-1, 1, generator=g)
+                bn.running_var.uniform_(0.5, 2, generator=g)
+                if bn.affine:
+                    bn.weight.uniform_(0.5, 1.5, generator=g)
+                    bn.bias.uniform_(-1, 1, generator=g)
+
+    def forward(self, x):
+        return self.seq(x), self.flat(x.mean(-1)), self.plain(x)
+
+
 class Conv1d(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -188,6 +208,7 @@ MODELS = [
      lambda b, s: (torch.randn(b, s, 32),), {"src": {0: B, 1: S}}),
     ("causal_attention_embedding", CausalAttention, lambda b, s: (torch.randint(0, 50, (b, s)),), {"tokens": {0: B, 1: S}}),
     ("cnn_nchw", CNN, lambda b, s: (torch.randn(b, 3, 2 * s, 2 * s),), {"x": {0: B, 2: 2 * Dim("h", min=2, max=64), 3: 2 * Dim("w", min=2, max=64)}}),
+    ("batch_norms", BatchNorms, lambda b, s: (torch.randn(b, 8, s),), {"x": {0: B, 2: S}}),
     ("conv1d_dynamic_length", Conv1d, lambda b, s: (torch.randn(b, 4, s),), {"x": {0: B, 2: S}}),
     ("groupnorm_upsample", GroupNormUpsample, lambda b, s: (torch.randn(b, 4, s, s + 1),),
      {"x": {0: B, 2: Dim("h", min=2, max=64), 3: Dim("w", min=3, max=65)}}),

@@ -49,6 +49,25 @@ def _group_norm(x: Any, weight: Any, bias: Any, n: Any, c: Any, hw: Any, group: 
     return out, mean.reshape(x.shape[0], group), rstd.reshape(x.shape[0], group)
 
 
+def _batch_norm_inference(x: Any, weight: Any, bias: Any, mean: Any, var: Any, momentum: float, eps: float) -> Any:
+    """Batch norm in inference (`_native_batch_norm_legit_no_training`) as PyTorch computes it,
+    (x - mean) * (1 / sqrt(var + eps)) * weight + bias along the channel dim, in float32 for
+    half-precision inputs, with empty saved statistics. torch's own decomposition goes through its
+    general helper (training statistics, type promotion, unsqueezes at symbolic ranks): 30 % of
+    DenseNet-121's decomposition with symbolic image sizes."""
+    import torch
+
+    channel = [1, -1] + [1] * (x.dim() - 2)
+    acc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    out = (acc - mean.reshape(channel)) * (1 / torch.sqrt(var + eps)).reshape(channel)
+    if weight is not None:
+        out = out * weight.reshape(channel)
+    if bias is not None:
+        out = out + bias.reshape(channel)
+    empty = x.new_zeros((0,))
+    return out.to(x.dtype), empty, empty
+
+
 def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> Any:
     """Nearest upsampling of the trailing dims as gathers with PyTorch's source index,
     floor(i * in / out) (floor(i / scale) for a scale factor), in integer arithmetic so it holds
@@ -240,7 +259,7 @@ def _softmax_masked_rows_zero(scores: Any) -> Any:
 
 def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
-    (stable sort, group norm, nearest upsampling, empty_strided, as_strided in row-major order,
+    (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
     import torch
@@ -254,6 +273,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.scaled_dot_product_attention.default] = _scaled_dot_product_attention
     table[torch.ops.aten.sort.stable] = _sort_stable
     table[torch.ops.aten.native_group_norm.default] = _group_norm
+    table[torch.ops.aten._native_batch_norm_legit_no_training.default] = _batch_norm_inference
     table[torch.ops.aten._native_multi_head_attention.default] = _native_multi_head_attention
     table[torch.ops.aten._transformer_encoder_layer_fwd.default] = _transformer_encoder_layer
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
