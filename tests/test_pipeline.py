@@ -386,6 +386,42 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     assert codegen._helper_failed and codegen.ready_helper() is None
 
 
+def test_a_part_llvm_rejects_stops_the_split_compilation(monkeypatch):
+    """A part LLVM rejects here (a compiler bug; `x86.emit_objects` makes it a CompileError) raises
+    LLVMRejected once the helper's part in flight is done: the parts still queued are not compiled."""
+    from disc_stablehlo.targets import codegen, get_target
+    from disc_stablehlo.targets.x86 import _classic_float_literals
+
+    f = _compile_two_layers()
+    t = get_target("x86")
+    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
+    codegen.start_helper()
+    for _ in range(200):
+        if codegen.ready_helper():
+            break
+        time.sleep(0.05)
+    compiled, plain = [], codegen.compile_part
+
+    def rejects(text, *args):
+        compiled.append(text)
+        raise codegen.LLVMRejected("rejected here")
+
+    asked, ask = [], codegen._ask
+
+    def counted(helper, request):
+        asked.append(request)
+        return ask(helper, request)
+
+    monkeypatch.setattr(codegen, "compile_part", rejects)
+    monkeypatch.setattr(codegen, "_ask", counted)
+    with pytest.raises(codegen.LLVMRejected, match="rejected here"):
+        codegen.emit_objects(llvm_ir, spec, [k.name for k in f.kernels])
+    assert len(compiled) == 1  # this process stopped at its first part
+    assert len(asked) <= 1  # and the helper at the one in flight (of the 2 left: the host code and 2 kernels)
+    monkeypatch.setattr(codegen, "compile_part", plain)
+    assert codegen.ready_helper() is not None  # the helper is free again
+
+
 def test_a_split_compilation_has_the_host_code_and_at_most_sixteen_parts():
     """The host code is one part; kernels (the largest first, each to the part with the fewest
     lines) fill at most 15 more, each kernel in exactly one."""

@@ -265,10 +265,13 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[byt
         feeder = threading.Thread(target=_feed, args=(helper, functions, spec, queue, done, rejected))
         feeder.start()
         try:
-            _drain(queue, functions, spec, done)
+            _drain(queue, functions, spec, done, rejected)
+        except BaseException:
+            queue.clear()  # the feeder stops at its next part
+            raise
         finally:
             feeder.join()
-        _drain(queue, functions, spec, done)  # parts the helper gave back (it died)
+        _drain(queue, functions, spec, done, rejected)  # parts the helper gave back (it died)
     finally:
         helper.lock.release()
     if rejected:
@@ -276,10 +279,10 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[byt
     return [obj for obj, _ in done], any(libmvec for _, libmvec in done)
 
 
-def _drain(queue: collections.deque, functions: Functions, spec: Spec, done: list) -> None:
-    """Compiles parts here until none is left (`deque.popleft` is atomic: the helper's feeder
-    takes from the same queue)."""
-    while True:
+def _drain(queue: collections.deque, functions: Functions, spec: Spec, done: list, rejected: list) -> None:
+    """Compiles parts here until none is left or the helper has had one rejected (`deque.popleft`
+    is atomic: the helper's feeder takes from the same queue)."""
+    while not rejected:
         try:
             elsewhere, globals_elsewhere = queue.popleft()
         except IndexError:
