@@ -294,8 +294,13 @@ class Artifact:
                 f.write(memoryview(self.data))
             return
         partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"
-        with open(partial, "wb") as f:
-            f.write(memoryview(self.data))
+        try:
+            with open(partial, "wb") as f:
+                f.write(memoryview(self.data))
+        except BaseException:  # a failed write leaves nothing behind (`complete` removes it after)
+            if os.path.exists(partial):
+                os.unlink(partial)
+            raise
         complete(partial, path, [(a, at, a.nbytes) for at, a in self.pending.items()])
 
     @property

@@ -162,13 +162,18 @@ def fuse_epilogues(module: ir.Module) -> int:
     return marked
 
 
+def _mark(op: ir.Operation) -> int | None:
+    """The mark `fuse_epilogues` gave a library call and its loop, or None."""
+    return ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value if EPILOGUE_ATTR in op.attributes else None
+
+
 def epilogues(module: ir.Module) -> dict[int, tuple[ir.Operation, ir.Operation]]:
     """Each library call with an epilogue and its loop, by their mark (one walk: looking for the
     other of the pair in a block of thousands of ops, at each of BERT's, was quadratic)."""
     calls, loops = {}, {}
     for op in walk(module.operation):
-        if EPILOGUE_ATTR in op.attributes:
-            mark = ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value
+        mark = _mark(op)
+        if mark is not None:
             (loops if op.name == "scf.parallel" else calls)[mark] = op
     return {mark: (call, loops[mark]) for mark, call in calls.items() if mark in loops}
 
@@ -176,6 +181,11 @@ def epilogues(module: ir.Module) -> dict[int, tuple[ir.Operation, ir.Operation]]
 def behind(op: ir.Operation, pairs: dict[int, tuple[ir.Operation, ir.Operation]]) -> ir.Operation:
     """For a library call with an epilogue (`pairs`: `epilogues`), the epilogue loop (which runs
     inside the call, so it is where the call's operands are last used); any other op itself."""
-    if EPILOGUE_ATTR not in op.attributes or op.name != "func.call":
+    if op.name != "func.call" or _mark(op) not in pairs:
         return op
-    return pairs.get(ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value, (op, op))[1]
+    return pairs[_mark(op)][1]
+
+
+def call_of(loop: ir.Operation, pairs: dict[int, tuple[ir.Operation, ir.Operation]]) -> ir.Operation | None:
+    """The library call an epilogue loop runs behind (`pairs`: `epilogues`), or None."""
+    return pairs[_mark(loop)][0] if _mark(loop) in pairs else None

@@ -16,7 +16,7 @@ from torch_mlir import ir
 
 from ..artifact import Kernel
 from ..mlir_support import defined_outside, facts_relied_on, nested_in, new_private_function, operation, walk
-from .epilogues import epilogues, library_callee
+from .epilogues import call_of, epilogues, library_callee
 from .loops import EPILOGUE_ATTR, FUSED_ATTR, POOL_ATTR, VERSION_ATTR, VIEWS, loop_bounds
 from .lower import LoweringState, clone_captured_constants
 
@@ -316,8 +316,7 @@ def outline_parallel_loops(module: ir.Module) -> list[Kernel]:
         body, pack = state.fresh_symbol("par_body"), state.fresh_symbol("par_pack")
         inner = [[tuple(_find(captured, v) for v in bound) for bound in loop_bounds(loop)]
                  for loop in _body_loops(op) if all(v in captured for bound in loop_bounds(loop) for v in bound)]
-        mark = ir.IntegerAttr(op.attributes[EPILOGUE_ATTR]).value if EPILOGUE_ATTR in op.attributes else None
-        library = pairs[mark][0] if mark in pairs else None  # the epilogue's pack call makes the library call, at the loop's place
+        library = call_of(op, pairs)  # the epilogue's pack call makes the library call, at the loop's place
         if library is not None:
             del op.attributes[EPILOGUE_ATTR]  # found: the id would set apart loops that are the same
         kernel = _describe(op, captured, library)

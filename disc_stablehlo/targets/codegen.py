@@ -257,9 +257,8 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[byt
         functions = Functions(llvm_ir)
         sizes = functions.sizes()
         every = frozenset(sizes)
-        host = every - frozenset(kernels)
-        # (functions elsewhere, whether the globals are elsewhere): the host code's part defines them
-        queue = collections.deque((every - part, part != host) for part in parts(sizes, kernels))
+        # (functions elsewhere, whether the globals are elsewhere): the host code's part, the first, defines them
+        queue = collections.deque((every - part, i > 0) for i, part in enumerate(parts(sizes, kernels)))
         done: list[tuple[bytes, bool]] = []
         rejected: list[str] = []
         feeder = threading.Thread(target=_feed, args=(helper, functions, spec, queue, done, rejected))
