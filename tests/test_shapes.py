@@ -156,6 +156,19 @@ def test_user_constraints_are_guards(constrained, shape, match):
     np.testing.assert_array_equal(constrained(np.ones((16, 12), np.float32)), np.full((16, 12), 2, np.float32))
 
 
+def test_constraints_divide_by_dims_and_a_zero_divisor_counts_as_one():
+    """`mod` and `floordiv` by an expression of dims (torch.export's guards have them): computed on
+    every call; a divisor below 1 counts as 1, as the compiler evaluates it, instead of trapping."""
+    f = disc.compile(lambda x: x * 2, *specs_for([(("b", "s"), np.float32)], "b, s"),
+                     constraints=["mod(s, b - 1) == 0", "floordiv(s, max(b - 1, 2)) <= 4"])
+    np.testing.assert_array_equal(f(np.ones((3, 6), np.float32)), np.full((3, 6), 2, np.float32))
+    assert f(np.ones((1, 6), np.float32)).shape == (1, 6)  # mod(6, 1) == 0, floordiv(6, 2) <= 4
+    with pytest.raises(disc.ShapeError, match=r"'mod\(s, b - 1\) == 0' \(user\) violated: b = 5, s = 6"):
+        f(np.ones((5, 6), np.float32))
+    with pytest.raises(disc.ShapeError, match=r"'floordiv\(s, max\(b - 1, 2\)\) <= 4' \(user\) violated: b = 2, s = 10"):
+        f(np.ones((2, 10), np.float32))
+
+
 def test_user_constraints_become_facts(constrained):
     report = constrained.shape_report()
     assert "s (>= 8, divisible by 4)" in report and "b (<= 16)" in report

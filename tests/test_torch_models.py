@@ -200,6 +200,31 @@ class SplitWithTrailingUnit(torch.nn.Module):
     def forward(self, x):
         return (x * 2).reshape(1, x.shape[0] // 2, 2, 8) + 1
 
+class CeilModePools(torch.nn.Module):
+    """Poolings in ceil mode (a last window may hang over the end), max and average, padding counted
+    or not: torch-mlir pads both ends for them (shifted windows) and ignores ceil mode for dynamic
+    sizes (too few windows). torch.export guards the last window's start, which it cannot prove."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.pools = nn.ModuleList([nn.MaxPool2d(3, 2, ceil_mode=True), nn.MaxPool2d(2, 2, ceil_mode=True),
+                                    nn.MaxPool2d(3, 1, padding=1, ceil_mode=True), nn.AvgPool2d(3, 2, padding=1, ceil_mode=True),
+                                    nn.AvgPool2d(3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+                                    nn.AvgPool2d(3, 2, ceil_mode=True)])
+
+    def forward(self, x):
+        return tuple(pool(x) for pool in self.pools)
+
+
+class PadToWindows(torch.nn.Module):
+    """Padding to whole windows of 4 (Swin's): amounts that are sizes, `n % 4` among them."""
+
+    def forward(self, x):
+        pad = (3 - x.shape[1] % 4) % 4  # after one row in front
+        return torch.nn.functional.pad(x, (0, 0, 1, pad), value=0.5).reshape(x.shape[0], -1, 4, x.shape[2]).sum(2)
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -228,6 +253,9 @@ MODELS = [
     ("slice_assignments", SliceAssignments, lambda b, s: (torch.randn(b + 5, 8),), {"x": {0: Dim("rows", min=6, max=80)}}),
     ("split_with_trailing_unit", SplitWithTrailingUnit, lambda b, s: (torch.randn(2 * (b + 1), 8, 1),),
      {"x": {0: 2 * Dim("n", min=2, max=64)}}),
+    ("ceil_mode_pools", CeilModePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
+     {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
+    ("pad_to_windows", PadToWindows, lambda b, s: (torch.randn(b, s + 5, 3),), {"x": {0: B, 1: Dim("n", min=5, max=64)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]
@@ -265,6 +293,49 @@ def test_derived_dims_are_checked_on_entry():
         compiled(torch.randn(2, 3, 7, 8))
     with pytest.raises(disc.ShapeError, match=r"'2\*h >= 4' \(torch.export\) violated: h = 1"):
         compiled(torch.randn(2, 3, 2, 8))
+
+
+class PairRows(torch.nn.Module):
+    def forward(self, x):
+        return x.reshape(-1, 2, x.shape[1]).sum(1)
+
+
+def test_guards_torch_export_cannot_prove_are_checked_on_entry():
+    """The rows pair up only for an even batch: torch.export's guard over the dim, which it cannot
+    prove over the range (and the trace's others, such as the batch not being 2 or 3), is a
+    run-time check, not a failed export."""
+    compiled = disc.compile(PairRows(), (torch.randn(4, 8),), dynamic_shapes={"x": {0: Dim("b", min=2, max=64)}})
+    for b in (4, 10, 64):
+        x = torch.randn(b, 8)
+        torch.testing.assert_close(compiled(x), PairRows()(x))
+    with pytest.raises(disc.ShapeError, match=r"\(torch.export\) violated: b = 5 \(b is argument 'x' dim 0\)"):
+        compiled(torch.randn(5, 8))
+
+
+class StemAndPools(torch.nn.Module):
+    """GoogLeNet's stem: torch.export's solver for named dims fails on its guards (an internal
+    assertion while it words the suggested fixes)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.layers = nn.Sequential(nn.Conv2d(3, 4, 7, stride=2, padding=3), nn.MaxPool2d(3, 2, ceil_mode=True), nn.Conv2d(4, 4, 1),
+                                    nn.MaxPool2d(3, 2, ceil_mode=True), nn.MaxPool2d(3, 2, ceil_mode=True), nn.MaxPool2d(2, 2, ceil_mode=True))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def test_an_export_torch_cannot_solve_for_named_dims_keeps_their_names_and_ranges():
+    model = StemAndPools().eval()
+    compiled = disc.compile(model, (torch.randn(2, 3, 96, 80),),
+                            dynamic_shapes={"x": {0: Dim("n", max=8), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}})
+    for n, h, w in [(1, 64, 64), (3, 97, 130), (2, 200, 71)]:
+        x = torch.randn(n, 3, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(disc.ShapeError, match=r"'w <= 512' \(torch.export\) violated: w = 513"):
+        compiled(torch.randn(1, 3, 64, 513))
 
 
 def test_example_inputs_that_are_one_tensor_stay_separate_arguments():

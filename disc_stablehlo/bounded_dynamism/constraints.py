@@ -131,7 +131,9 @@ class _Emitter:
             return self.cache[name]
         atom = split_atom(name)
         if atom is not None:
-            v = self.binary(atom[0], self.dim(atom[1]), self.dim(atom[2]))
+            fn, arg, other = atom
+            divisor = fn in ("mod", "floordiv") and other.constant is None  # by dims: below 1 counts as 1, no trap
+            v = self.binary(fn, self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if divisor else self.dim(other))
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]
             v = self.extent(k, j)

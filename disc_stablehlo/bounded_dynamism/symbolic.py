@@ -157,7 +157,7 @@ def _evaluate_atom(name: str, env: Mapping[str, int]) -> int:
     if atom is None:
         raise KeyError(name)
     fn, a, b = atom[0], atom[1].evaluate(env), atom[2].evaluate(env)
-    return {"mod": a % b if b else 0, "floordiv": a // b if b else 0, "max": max(a, b), "min": min(a, b)}[fn]
+    return {"mod": a % max(b, 1), "floordiv": a // max(b, 1), "max": max(a, b), "min": min(a, b)}[fn]
 
 
 # names: dimension variables, and the fresh symbols of intermediates (`dynamic_broadcast_in_dim#12`)
@@ -202,10 +202,7 @@ class _Parser:
             if op == "*":
                 value = value * rhs
             else:
-                k = rhs.constant
-                if k is None or k <= 0:
-                    raise CompileError(f"{self.text!r}: {op} needs a positive constant divisor")
-                value = value.floordiv(k) if op == "//" else value.mod(k)
+                value = _divided(self.text, "floordiv" if op == "//" else "mod", value, rhs)
         return value
 
     def factor(self) -> Dim:
@@ -222,11 +219,9 @@ class _Parser:
             self.take("(")
             arg = self.expr()
             self.take(",")
-            k = self.expr().constant
+            divisor = self.expr()
             self.take(")")
-            if k is None or k <= 0:
-                raise CompileError(f"{self.text!r}: {tok} needs a positive constant divisor")
-            return arg.mod(k) if tok == "mod" else arg.floordiv(k)
+            return _divided(self.text, tok, arg, divisor)
         if tok in ("max", "min", "non_negative") and self.peek() == "(":  # opaque: a variable named by its text
             depth, start = 0, self.i - 1
             while True:
@@ -239,6 +234,17 @@ class _Parser:
         if _NAME.fullmatch(tok):
             return Dim.var(tok)
         raise CompileError(f"cannot parse dimension expression {self.text!r}: unexpected {tok!r}")
+
+
+def _divided(text: str, fn: str, value: Dim, divisor: Dim) -> Dim:
+    """floordiv / mod: by a constant, simplified where it can be; by an expression of dims, an
+    opaque atom (the checks compute it, counting a divisor below 1 as 1)."""
+    k = divisor.constant
+    if k is None:
+        return Dim.var(f"{fn}({value}, {divisor})")
+    if k <= 0:
+        raise CompileError(f"{text!r}: {fn} needs a positive divisor")
+    return value.floordiv(k) if fn == "floordiv" else value.mod(k)
 
 
 def parse(text: str) -> Dim:

@@ -6,6 +6,7 @@ checked constraints, and its symbols name the dims."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -92,6 +93,88 @@ def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> An
         if positions is None:
             raise UnsupportedOpError(f"nearest upsampling of a dynamic dim by the non-integral factor {scale_factors[d]}")
         x = x.index_select(axis, positions.clamp(max=size - 1))
+    return x
+
+
+def _windows(n: int, *params: Any) -> list[list[int]]:
+    """A pooling's kernel, stride, padding (and dilation) as n values each (an empty stride is the
+    kernel's)."""
+    lists = [list(v) * (n if len(v) == 1 else 1) if isinstance(v, (list, tuple)) else [v] * n for v in params]
+    if not lists[1]:
+        lists[1] = lists[0]
+    return lists
+
+
+def _ceil_padding(kernel: list, stride: list, padding: list, dilation: list) -> list[int]:
+    """The padding past each end that gives floor mode PyTorch's ceil-mode windows: those that fit
+    when the end is padded by stride - 1 more, but none starting past the input and its leading
+    padding, so at most floor((size + p - 1) / s) + 1, which an end padding of d*(k-1) - p gives
+    (a constant: no slice of the result, which would be a guard on symbolic sizes)."""
+    return [p + min(s - 1, d * (k - 1) - p) for k, s, p, d in zip(kernel, stride, padding, dilation)]
+
+
+def _max_pool(n: int, floor_mode: Callable | None) -> Callable:
+    """max_pool{n}d in ceil mode as floor mode over the input padded with the lowest value: torch-mlir
+    pads both ends in ceil mode (windows shifted: wrong values) and ignores it for dynamic sizes
+    (too few windows). Floor mode goes to `floor_mode` (torch-mlir's decomposition) if any."""
+    def pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+        import torch
+
+        if not ceil_mode:
+            return NotImplemented if floor_mode is None else floor_mode(x, kernel_size, stride, padding, dilation, False)
+        kernel, stride, padding, dilation = _windows(n, kernel_size, stride, padding, dilation)
+        lowest = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+        end = _ceil_padding(kernel, stride, padding, dilation)
+        pads = [v for i in reversed(range(n)) for v in (padding[i], end[i])]
+        op = getattr(torch.ops.aten, f"max_pool{n}d").default  # floor mode: back through this table
+        return op(torch.nn.functional.pad(x, pads, value=lowest), kernel, stride, [0] * n, dilation, False)
+    return pool
+
+
+def _avg_pool(n: int) -> Callable:
+    """avg_pool{n}d in ceil mode as floor mode over the input padded with zeros, divided by the
+    share of each window PyTorch counts (inside the padded input with `count_include_pad`,
+    inside the input without; torch-mlir cannot convert ceil mode)."""
+    def pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+             count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+        import torch
+
+        if not ceil_mode:
+            return NotImplemented  # the op itself
+        kernel, stride, padding = _windows(n, kernel_size, stride, padding)
+        op = getattr(torch.ops.aten, f"avg_pool{n}d").default
+        pad = torch.nn.functional.pad
+
+        def mean(t: Any, before: list, after: list) -> Any:  # window sums / kernel size, floor mode
+            return op(pad(t, [v for i in reversed(range(n)) for v in (before[i], after[i])]), kernel, stride, [0] * n)
+
+        end = _ceil_padding(kernel, stride, padding, [1] * n)
+        y = mean(x, padding, end)
+        if divisor_override:
+            return y * (math.prod(kernel) / divisor_override)
+        spatial = [x.shape[x.dim() - n + i] for i in range(n)]
+        if count_include_pad:
+            ones = x.new_ones([1] * (x.dim() - n) + [size + 2 * p for size, p in zip(spatial, padding)])
+            return y / mean(ones, [0] * n, [e - p for e, p in zip(end, padding)])
+        return y / mean(x.new_ones([1] * (x.dim() - n) + spatial), padding, end)
+    return pool
+
+
+def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
+    """constant_pad_nd by amounts that are sizes (Swin pads to whole windows: (w - n % w) % w),
+    which torch-mlir cannot convert, as a gather of each padded dim's positions (clamped into the
+    input) with the value where a position falls outside: no block of a size that may be 0, on
+    which torch's trace would put a guard."""
+    import torch
+
+    if all(isinstance(p, int) for p in pad):
+        return NotImplemented  # the op itself
+    for i in range(len(pad) // 2):
+        dim, before, after = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        size = x.shape[dim]
+        positions = torch.arange(size + before + after, device=x.device) - before
+        inside = ((positions >= 0) & (positions < size)).reshape([-1 if d == dim else 1 for d in range(x.dim())])
+        x = torch.where(inside, x.index_select(dim, positions.clamp(0, size - 1)), value)
     return x
 
 
@@ -278,6 +361,12 @@ def _decompositions() -> dict:
     table[torch.ops.aten._transformer_encoder_layer_fwd.default] = _transformer_encoder_layer
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
         table[op.vec] = _upsample_nearest
+    table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
+    for n in (1, 2, 3):
+        op = getattr(torch.ops.aten, f"max_pool{n}d").default
+        table[op] = _max_pool(n, table.get(op))
+    for n in (2, 3):  # avg_pool1d becomes avg_pool2d
+        table[getattr(torch.ops.aten, f"avg_pool{n}d").default] = _avg_pool(n)
     return table
 
 
@@ -434,6 +523,164 @@ class _ParameterHooks:
                      for t in self.tensors)
 
 
+def _export(model: Any, args: tuple, dynamic_shapes: Any) -> Any:
+    """torch.export, with the guards torch's tracing puts on dynamic dims (a pooling's window in
+    ceil mode, a view's divisibility) kept in the program as assertions, which become run-time
+    checks (`_runtime_assertions`), instead of failing the export because torch cannot prove them
+    over the dims' ranges. Where torch's solver for named dims fails on such a guard itself, the
+    export is tried again with named dims as `Dim.DYNAMIC` (`_as_hints`; their names come back from
+    their positions, `_dim_names`, and their ranges are checked as declared, `_declared_ranges`)."""
+    import traceback
+
+    import torch
+
+    def export(spec: Any) -> Any:
+        return torch.export.export(model, args, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
+
+    try:
+        return export(dynamic_shapes)
+    except Exception as e:
+        error = e
+    hinted = _as_hints(dynamic_shapes)
+    solving = any(f.name == "produce_guards_and_solve_constraints" for f in traceback.extract_tb(error.__traceback__))
+    if hinted is not None and solving:
+        try:
+            return export(hinted)
+        except Exception:
+            pass  # the first error says more (its suggested fixes name the user's dims)
+    raise CompileError(f"torch.export failed: {error}") from None
+
+
+def _as_hints(spec: Any) -> Any:
+    """The dynamic_shapes with each plain `Dim` of at least 2 replaced by `Dim.DYNAMIC` (a hint's
+    range starts at 2: the others stay named; the ranges are checked from the user's Dims,
+    `_declared_ranges`); None when there is no such Dim, or a derived one (`2 * h`), whose
+    relation a hint cannot say."""
+    import torch
+
+    found = []
+
+    def hint(d: Any) -> Any:
+        if not (hasattr(d, "root") or d.min >= 2):
+            return d
+        found.append(hasattr(d, "root"))
+        return d if hasattr(d, "root") else torch.export.Dim.DYNAMIC(min=d.min)
+
+    hinted = _map_dims(spec, hint)
+    return hinted if found and not any(found) else None
+
+
+def _declared_ranges(spec: Any) -> list[str]:
+    """'h >= 64', 'h <= 512' for each plain `Dim` of the user's dynamic_shapes with such bounds."""
+    texts: list[str] = []
+
+    def note(d: Any) -> Any:
+        if not hasattr(d, "root"):
+            texts.extend([f"{d.__name__} >= {d.min}"] * (d.min > 0) + [f"{d.__name__} <= {d.max}"] * isinstance(d.max, int))
+        return d
+
+    _map_dims(spec, note)
+    return texts
+
+
+def _map_dims(spec: Any, fn: Callable) -> Any:
+    """The dynamic_shapes with `fn` applied to each `Dim` in it."""
+    import torch
+
+    if isinstance(spec, torch.export.Dim):
+        return fn(spec)
+    if isinstance(spec, dict):
+        return {k: _map_dims(v, fn) for k, v in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_map_dims(v, fn) for v in spec)
+    return spec
+
+
+def _runtime_assertions(ep: Any) -> tuple[str, ...]:
+    """Takes torch's `_assert_scalar`s over the inputs' dims out of the program (torch-mlir cannot
+    convert them) and returns them as constraint texts, checked before any kernel runs; those
+    torch's value ranges prove are dropped. Assertions over sizes read from data stay."""
+    import sympy
+    import torch
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    graph, texts = ep.graph, []
+    inputs = {s for shape in _input_dims(ep) for d in shape if isinstance(d, str) for s in re.findall(r"\bs\d+\b", d)}
+    for node in list(graph.nodes):
+        if node.target is not torch.ops.aten._assert_scalar.default or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        value = node.args[0].meta.get("val")
+        expr = getattr(getattr(value, "node", None), "expr", None)
+        if expr is None or not {str(s) for s in expr.free_symbols} <= inputs:
+            continue
+        if bound_sympy(expr, ep.range_constraints).lower is not sympy.true:
+            texts.extend(_constraint_texts(expr))
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    return tuple(texts)
+
+
+_RELATIONS = {"StrictLessThan": "<", "LessThan": "<=", "StrictGreaterThan": ">", "GreaterThan": ">=", "Equality": "==",
+              "Unequality": "!="}
+_FUNCTIONS = {"FloorDiv": "floordiv", "CleanDiv": "floordiv", "Mod": "mod", "PythonMod": "mod", "Max": "max", "Min": "min"}
+
+
+def _constraint_texts(expr: Any) -> list[str]:
+    """A sympy condition over dims as constraint texts: a conjunction one per part, a disjunction
+    one `max(...) > 0` of its parts each as an integer positive just where it holds."""
+    kind = type(expr).__name__
+    if kind == "And":
+        return [t for arg in expr.args for t in _constraint_texts(arg)]
+    if kind == "Not":
+        return _constraint_texts(expr.args[0].negated)
+    if kind == "BooleanTrue":
+        return []
+    if kind == "Or":
+        first, *rest = [_positive_where(arg) for arg in expr.args]
+        for part in rest:
+            first = f"max({first}, {part})"
+        return [f"{first} > 0"]
+    _relation(expr)
+    return [f"{_dim_text(expr.lhs)} {_RELATIONS[kind]} {_dim_text(expr.rhs)}"]
+
+
+def _relation(expr: Any) -> None:
+    if type(expr).__name__ not in _RELATIONS:
+        raise CompileError(f"torch.export's run-time assertion over {expr} cannot be checked here: "
+                           f"{type(expr).__name__} is not a comparison")
+
+
+def _positive_where(expr: Any) -> str:
+    """A comparison of integers as an integer that is positive exactly where it holds."""
+    _relation(expr)
+    a, b, kind = _dim_text(expr.lhs), _dim_text(expr.rhs), _RELATIONS[type(expr).__name__]
+    gap = f"({a} - {b})"
+    return {"<": f"-{gap}", "<=": f"1 - {gap}", ">": gap, ">=": f"{gap} + 1", "==": f"1 - {gap}*{gap}", "!=": f"{gap}*{gap}"}[kind]
+
+
+def _dim_text(expr: Any) -> str:
+    """A sympy integer expression over dims in the constraints' syntax (`floordiv(s0 - 3, 2)`)."""
+    kind = type(expr).__name__
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if kind == "Add":
+        return "(" + " + ".join(_dim_text(a) for a in expr.args) + ")"
+    if kind == "Mul":
+        return "*".join(_dim_text(a) for a in expr.args)
+    if kind == "Pow" and expr.exp.is_Integer and expr.exp > 0:
+        return "*".join([_dim_text(expr.base)] * int(expr.exp))
+    if kind in _FUNCTIONS:
+        first, *rest = expr.args
+        text = _dim_text(first)
+        for arg in rest:  # Max(a, b, c): max(max(a, b), c)
+            text = f"{_FUNCTIONS[kind]}({text}, {_dim_text(arg)})"
+        return text
+    raise CompileError(f"torch.export's run-time assertion over {expr} cannot be checked here: {kind} is not supported")
+
+
 def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> tuple[Source, Binding]:
     import tempfile
     import warnings
@@ -444,19 +691,17 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         ep = model
     else:
         args = _unaliased(tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
-        try:
-            ep = torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
-        except Exception as e:
-            raise CompileError(f"torch.export failed: {e}") from None
+        ep = _export(model.eval(), args, dynamic_shapes)
     dims = _input_dims(ep)
     names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
-    constraints = tuple(_rename(c, names) for c in _range_constraints(ep))
     _decomposable_forms(ep)
     try:
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
+    constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
+                                      + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
     ep, held_back, weights = _hold_back_weights(ep)
     fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
@@ -475,8 +720,9 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
 def _size_arithmetic(ep: Any) -> None:
     """Size arithmetic that torch.export cannot save or torch-mlir cannot import, as chains of the
     operators both take: `torch.sym_sum` (a sum of sizes, which tracing under dynamo writes:
-    Swin's and DINOv2's patch grids) as additions, and a size to a whole constant power as
-    multiplications."""
+    Swin's and DINOv2's patch grids) as additions, a size to a whole constant power as
+    multiplications, and a size modulo another (Swin's padding to whole windows; torch-mlir
+    imports `%` as `fmod`, which it cannot convert) as a - (a // b) * b."""
     import operator
 
     import torch
@@ -501,6 +747,14 @@ def _size_arithmetic(ep: Any) -> None:
             chain(node, operator.add, list(node.args[0]))
         elif node.target is operator.pow and isinstance(node.args[1], int) and 1 <= node.args[1] <= 8:
             chain(node, operator.mul, [node.args[0]] * node.args[1])
+        elif node.target is operator.mod and isinstance(value(node), torch.SymInt):
+            a, b = node.args
+            with graph.inserting_before(node):
+                quotient = graph.call_function(operator.floordiv, (a, b))
+                quotient.meta["val"] = value(a) // value(b)
+                whole = graph.call_function(operator.mul, (quotient, b))
+                whole.meta["val"] = quotient.meta["val"] * value(b)
+            chain(node, operator.sub, [a, whole])
     ep.graph_module.recompile()
 
 
