@@ -452,6 +452,25 @@ def test_unoptimised_host_code_gets_the_quick_code_generator():
     assert codegen.codegen_level(llvm.parse_assembly("declare void @k()\n")) == 3
 
 
+def test_long_blocks_of_host_code_are_cut_for_instruction_selection():
+    """Host code LLVM does not optimise comes in blocks of at most HOST_BLOCK_OPS ops (LLVM's
+    instruction selection is quadratic in a block's length: EfficientNetV2-S's entry block of 7500
+    instructions took 43 s); the function still computes the same."""
+    from conftest import specs_for
+
+    from disc_stablehlo.passes import pipeline
+
+    def many(*xs):
+        return sum(x * (i + 1) for i, x in enumerate(xs))
+    f = disc.compile(many, *specs_for([(("n",), np.float32)] * 60, "n"))
+    host = f.llvm_ir[f.llvm_ir.index("@main("):]
+    host = host[:host.index("\n}\n")]
+    blocks = re.split(r"\n\S+:", host)
+    assert len(blocks) > 2 and max(b.count("\n  ") for b in blocks) <= pipeline.HOST_BLOCK_OPS
+    xs = [np.full(5, i, np.float32) for i in range(60)]
+    np.testing.assert_allclose(f(*xs), sum(x * (i + 1) for i, x in enumerate(xs)))
+
+
 def test_the_other_parts_functions_are_declarations():
     """Each part of a split compilation declares the functions the other part defines (a
     definition kept as `available_externally` went through this part's optimisation passes
