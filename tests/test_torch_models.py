@@ -217,6 +217,15 @@ class CeilModePools(torch.nn.Module):
         return tuple(pool(x) for pool in self.pools)
 
 
+class AdaptivePools(torch.nn.Module):
+    """Adaptive average pooling of dynamic sizes to outputs larger than 1 (windows of unequal
+    lengths): torch's decomposition branches on the size modulo the output's."""
+
+    def forward(self, x):
+        F = torch.nn.functional
+        return F.adaptive_avg_pool2d(x, (3, 2)), F.adaptive_avg_pool1d(x.flatten(2), 5), F.adaptive_avg_pool2d(x, 1)
+
+
 class PadToWindows(torch.nn.Module):
     """Padding to whole windows of 4 (Swin's): amounts that are sizes, `n % 4` among them."""
 
@@ -254,6 +263,8 @@ MODELS = [
     ("split_with_trailing_unit", SplitWithTrailingUnit, lambda b, s: (torch.randn(2 * (b + 1), 8, 1),),
      {"x": {0: 2 * Dim("n", min=2, max=64)}}),
     ("ceil_mode_pools", CeilModePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
+     {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
+    ("adaptive_pools", AdaptivePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
     ("pad_to_windows", PadToWindows, lambda b, s: (torch.randn(b, s + 5, 3),), {"x": {0: B, 1: Dim("n", min=5, max=64)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),

@@ -160,6 +160,29 @@ def _avg_pool(n: int) -> Callable:
     return pool
 
 
+def _adaptive_avg_pool(n: int, original: Callable) -> Callable:
+    """adaptive_avg_pool{n}d of dims with symbolic sizes to outputs larger than 1 (VGG's 7x7) as
+    one product per dim with its averaging matrix, row i weighing positions floor(i*L/o) up to
+    ceil((i+1)*L/o) alike: torch's decomposition branches on L % o, so its trace held for some
+    sizes only. Static sizes and outputs of 1 (a mean) take torch-mlir's table's form."""
+    def pool(x: Any, output_size: Any) -> Any:
+        import torch
+
+        spatial = [x.shape[x.dim() - n + i] for i in range(n)]
+        if all(isinstance(size, int) for size in spatial) or all(o == 1 for o in output_size):
+            return original(x, output_size)
+        for i, (size, o) in enumerate(zip(spatial, output_size)):
+            rows = torch.arange(o, device=x.device)
+            start, end = (rows * size) // o, ((rows + 1) * size + o - 1) // o
+            positions = torch.arange(size, device=x.device)
+            inside = (positions[None, :] >= start[:, None]) & (positions[None, :] < end[:, None])
+            weights = inside.to(x.dtype) / (end - start)[:, None].to(x.dtype)
+            dim = x.dim() - n + i
+            x = torch.matmul(x.movedim(dim, -1), weights.t()).movedim(-1, dim)
+        return x
+    return pool
+
+
 def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
     """constant_pad_nd by amounts that are sizes (Swin pads to whole windows: (w - n % w) % w),
     which torch-mlir cannot convert, as a gather of each padded dim's positions (clamped into the
@@ -362,6 +385,9 @@ def _decompositions() -> dict:
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
         table[op.vec] = _upsample_nearest
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
+    for n in (1, 2, 3):
+        op = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default
+        table[op] = _adaptive_avg_pool(n, table[op])
     for n in (1, 2, 3):
         op = getattr(torch.ops.aten, f"max_pool{n}d").default
         table[op] = _max_pool(n, table.get(op))
