@@ -203,7 +203,8 @@ class SplitWithTrailingUnit(torch.nn.Module):
 class CeilModePools(torch.nn.Module):
     """Poolings in ceil mode (a last window may hang over the end), max and average, padding counted
     or not: torch-mlir pads both ends for them (shifted windows) and ignores ceil mode for dynamic
-    sizes (too few windows). torch.export guards the last window's start, which it cannot prove."""
+    sizes (too few windows). torch.export guards the last window's start, which it cannot prove.
+    Average pooling with a divisor given, which torch-mlir cannot convert."""
 
     def __init__(self):
         super().__init__()
@@ -211,7 +212,8 @@ class CeilModePools(torch.nn.Module):
         self.pools = nn.ModuleList([nn.MaxPool2d(3, 2, ceil_mode=True), nn.MaxPool2d(2, 2, ceil_mode=True),
                                     nn.MaxPool2d(3, 1, padding=1, ceil_mode=True), nn.AvgPool2d(3, 2, padding=1, ceil_mode=True),
                                     nn.AvgPool2d(3, 2, padding=1, ceil_mode=True, count_include_pad=False),
-                                    nn.AvgPool2d(3, 2, ceil_mode=True)])
+                                    nn.AvgPool2d(3, 2, ceil_mode=True), nn.AvgPool2d(3, 2, padding=1, divisor_override=5),
+                                    nn.AvgPool2d(2, 2, ceil_mode=True, divisor_override=3)])
 
     def forward(self, x):
         return tuple(pool(x) for pool in self.pools)

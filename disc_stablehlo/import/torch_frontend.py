@@ -132,14 +132,15 @@ def _max_pool(n: int, floor_mode: Callable | None) -> Callable:
 
 
 def _avg_pool(n: int) -> Callable:
-    """avg_pool{n}d in ceil mode as floor mode over the input padded with zeros, divided by the
-    share of each window PyTorch counts (inside the padded input with `count_include_pad`,
-    inside the input without; torch-mlir cannot convert ceil mode)."""
+    """avg_pool{n}d in ceil mode, or with a divisor given, as floor mode over the input padded with
+    zeros, divided by the share of each window PyTorch counts (inside the padded input with
+    `count_include_pad`, inside the input without) or scaled to the divisor (torch-mlir converts
+    neither)."""
     def pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
              count_include_pad: bool = True, divisor_override: Any = None) -> Any:
         import torch
 
-        if not ceil_mode:
+        if not ceil_mode and not divisor_override:
             return NotImplemented  # the op itself
         kernel, stride, padding = _windows(n, kernel_size, stride, padding)
         op = getattr(torch.ops.aten, f"avg_pool{n}d").default
@@ -148,7 +149,7 @@ def _avg_pool(n: int) -> Callable:
         def mean(t: Any, before: list, after: list) -> Any:  # window sums / kernel size, floor mode
             return op(pad(t, [v for i in reversed(range(n)) for v in (before[i], after[i])]), kernel, stride, [0] * n)
 
-        end = _ceil_padding(kernel, stride, padding, [1] * n)
+        end = _ceil_padding(kernel, stride, padding, [1] * n) if ceil_mode else padding
         y = mean(x, padding, end)
         if divisor_override:
             return y * (math.prod(kernel) / divisor_override)
