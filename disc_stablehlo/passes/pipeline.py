@@ -297,13 +297,15 @@ def _cut_long_blocks(func: ir.Operation) -> None:
     weights) took 43 s, cut into blocks of 256 ops (each branching to the next) 0.7 s."""
     for block in list(func.regions[0].blocks):
         ops = list(block.operations)
-        while len(ops) > HOST_BLOCK_OPS:
-            rest = block.create_after()
-            for op in ops[HOST_BLOCK_OPS:]:
-                rest.append(op.operation)
-            with ir.InsertionPoint(block), func.location:
-                ir.Operation.create("llvm.br", successors=[rest], operands=[])
-            block, ops = rest, ops[HOST_BLOCK_OPS:]
+        chunks = [ops[i:i + HOST_BLOCK_OPS] for i in range(0, len(ops), HOST_BLOCK_OPS)]
+        blocks = [block]
+        for chunk in chunks[1:]:
+            blocks.append(blocks[-1].create_after())
+            for op in chunk:  # each op moved once
+                blocks[-1].append(op.operation)
+        for before, after in zip(blocks, blocks[1:]):
+            with ir.InsertionPoint(before), func.location:
+                ir.Operation.create("llvm.br", successors=[after], operands=[])
 
 
 def _finish_llvm_dialect(module: ir.Module) -> None:
