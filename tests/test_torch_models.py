@@ -236,6 +236,13 @@ class PadToWindows(torch.nn.Module):
         return torch.nn.functional.pad(x, (0, 0, 1, pad), value=0.5).reshape(x.shape[0], -1, 4, x.shape[2]).sum(2)
 
 
+class PadIdsToWindows(torch.nn.Module):
+    """Token ids padded by a size-dependent amount with a pad id: they stay integers."""
+
+    def forward(self, ids):
+        return torch.nn.functional.pad(ids, (0, (4 - ids.shape[1] % 4) % 4), value=7)
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -266,6 +273,7 @@ MODELS = [
      {"x": {0: 2 * Dim("n", min=2, max=64)}}),
     ("ceil_mode_pools", CeilModePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
+    ("pad_ids_to_windows", PadIdsToWindows, lambda b, s: (torch.randint(0, 50, (b, s + 5)),), {"ids": {0: B, 1: Dim("n", min=5, max=64)}}),
     ("adaptive_pools", AdaptivePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
     ("pad_to_windows", PadToWindows, lambda b, s: (torch.randn(b, s + 5, 3),), {"x": {0: B, 1: Dim("n", min=5, max=64)}}),

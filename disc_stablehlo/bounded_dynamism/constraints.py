@@ -132,8 +132,8 @@ class _Emitter:
         atom = split_atom(name)
         if atom is not None:
             fn, arg, other = atom
-            divisor = fn in ("mod", "floordiv") and other.constant is None  # by dims: below 1 counts as 1, no trap
-            v = self.binary(fn, self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if divisor else self.dim(other))
+            by_dims = fn in ("mod", "floordiv") and other.constant is None  # a divisor below 1 counts as 1: no trap
+            v = self.binary(fn, self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if by_dims else self.dim(other))
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]
             v = self.extent(k, j)

@@ -198,7 +198,7 @@ def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
         size = x.shape[dim]
         positions = torch.arange(size + before + after, device=x.device) - before
         inside = ((positions >= 0) & (positions < size)).reshape([-1 if d == dim else 1 for d in range(x.dim())])
-        x = torch.where(inside, x.index_select(dim, positions.clamp(0, size - 1)), value)
+        x = torch.where(inside, x.index_select(dim, positions.clamp(0, size - 1)), x.new_full((), value))  # x's dtype
     return x
 
 
@@ -387,11 +387,9 @@ def _decompositions() -> dict:
         table[op.vec] = _upsample_nearest
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
     for n in (1, 2, 3):
-        op = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default
-        table[op] = _adaptive_avg_pool(n, table[op])
-    for n in (1, 2, 3):
-        op = getattr(torch.ops.aten, f"max_pool{n}d").default
-        table[op] = _max_pool(n, table.get(op))
+        adaptive, pool = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default, getattr(torch.ops.aten, f"max_pool{n}d").default
+        table[adaptive] = _adaptive_avg_pool(n, table[adaptive])
+        table[pool] = _max_pool(n, table.get(pool))
     for n in (2, 3):  # avg_pool1d becomes avg_pool2d
         table[getattr(torch.ops.aten, f"avg_pool{n}d").default] = _avg_pool(n)
     return table
@@ -585,16 +583,18 @@ def _as_hints(spec: Any) -> Any:
     relation a hint cannot say."""
     import torch
 
-    found = []
+    derived, replaced = [], []
 
     def hint(d: Any) -> Any:
-        if not (hasattr(d, "root") or d.min >= 2):
-            return d
-        found.append(hasattr(d, "root"))
-        return d if hasattr(d, "root") else torch.export.Dim.DYNAMIC(min=d.min)
+        if hasattr(d, "root"):
+            derived.append(d)
+        elif d.min >= 2:
+            replaced.append(d)
+            return torch.export.Dim.DYNAMIC(min=d.min)
+        return d
 
     hinted = _map_dims(spec, hint)
-    return hinted if found and not any(found) else None
+    return hinted if replaced and not derived else None
 
 
 def _declared_ranges(spec: Any) -> list[str]:
