@@ -20,7 +20,7 @@ from test_jax_programs import CASES
 
 import disc_stablehlo as disc
 from disc_stablehlo import artifact
-from disc_stablehlo.passes.gpu import BLOCK, CHUNK, COLUMN_GROUPS, LANES, REDUCTION_BLOCK, WARP, WARP_ROWS
+from disc_stablehlo.passes.gpu import BLOCK, CHUNK, COLUMN_GROUPS, LANES, REDUCTION_BLOCK, UNROLL, WARP, WARP_ROWS
 from disc_stablehlo.runtime import CompiledFunction, Executable, Runtime
 from disc_stablehlo.targets import cuda
 
@@ -267,16 +267,99 @@ def _ptx_entries(f: CompiledFunction) -> dict[str, str]:
 
 def test_rows_and_columns_share_their_reductions_through_shuffles_and_shared_memory():
     """A softmax's rows: a block per row (`gpu.all_reduce`: shared memory and barriers) and a
-    warp per row (xor shuffles, `__syncwarp` between the phases, no block barrier); a column sum:
-    a block per tile of columns, its warps' parts through shared memory between two barriers."""
+    warp per row (xor shuffles; no barrier at all: a thread reads back only the elements it
+    wrote, and the row's max and sum are kept, not stored and read back); a column sum: a block
+    per tile of columns, its warps' parts through shared memory between two barriers. Each
+    thread's loops are unrolled: UNROLL loads between two labels."""
     b = jax.export.symbolic_shape("b")[0]
     f = disc.compile(lambda x: (jax.nn.softmax(x, axis=-1), x.sum(0)), jax.ShapeDtypeStruct((b, 256), jnp.float32), target="cuda")
     names = {k.version: k.name for k in f.kernels}
     ptx = _ptx_entries(f)
     warp, block, column = ptx[names["warp per row"]], ptx[names["block per row"]], ptx[names["column tiles"]]
-    assert "shfl.sync.bfly" in warp and "bar.warp.sync" in warp and "bar.sync" not in warp
+    assert "shfl.sync.bfly" in warp and "bar.warp.sync" not in warp and "bar.sync" not in warp
     assert "bar.sync" in block and "bar.warp.sync" not in block
     assert "st.shared" in column and "ld.shared" in column and column.count("bar.sync") >= 2
+    for kernel in (warp, column):
+        assert max(part.count("ld.global") for part in re.split(r"\n\$L\w+:", kernel)) >= UNROLL
+
+
+@pytest.mark.parametrize("read", ["own", "reversed", "view"])
+def test_a_row_phase_reading_what_other_threads_wrote_keeps_its_barrier(read):
+    """Between a row's phases, a barrier only where a later phase may touch an element another
+    thread wrote: a loop reading the row backwards after one that wrote it forwards needs one,
+    and so does one reading it through a view of the buffer (views of one buffer may overlap);
+    the same loop reading forwards (each thread its own elements) does not."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+    from disc_stablehlo.passes import gpu
+
+    index = {"own": "%i", "reversed": "%j", "view": "%i"}[read]
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(f"""
+        func.func private @body(%r: index, %n: index, %x: memref<?x?xf32>, %y: memref<?x?xf32>, %s: memref<?xf32>) {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %zero = arith.constant 0.0 : f32
+          %last = arith.subi %n, %c1 : index
+          %yv = memref.cast %y : memref<?x?xf32> to memref<?x?xf32>
+          scf.parallel (%i) = (%c0) to (%n) step (%c1) {{
+            %v = memref.load %x[%r, %i] : memref<?x?xf32>
+            memref.store %v, %y[%r, %i] : memref<?x?xf32>
+            scf.reduce
+          }}
+          %sum = scf.for %i = %c0 to %n step %c1 iter_args(%a = %zero) -> f32 {{
+            %j = arith.subi %last, %i : index
+            %v = memref.load {"%yv" if read == "view" else "%y"}[%r, {index}] : memref<?x?xf32>
+            %w = memref.load %x[%r, %i] : memref<?x?xf32>
+            %p = arith.mulf %v, %w : f32
+            %t = arith.addf %a, %p : f32
+            scf.yield %t : f32
+          }}
+          memref.store %sum, %s[%r] : memref<?xf32>
+          return
+        }}""")
+        func = module.body.operations[0]
+        gpu._cooperative_rows(func, gpu._row_phases(func), "warp")
+        assert (str(func).count("nvvm.bar.warp.sync") == 1) == (read != "own"), str(func)
+
+
+@pytest.mark.parametrize("through", ["other", "same"])
+def test_a_rows_stored_value_is_used_where_it_is_read_back(through):
+    """A row's value stored between phases and loaded again (in a loop too) is the value itself,
+    also where the loop stores through a view of another buffer (the arena's); a store through a
+    view of the value's own buffer keeps the load."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+    from disc_stablehlo.passes import gpu
+
+    target = "%o" if through == "other" else "%m"
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(f"""
+        func.func private @body(%r: index, %n: index, %x: memref<?x?xf32>, %m: memref<?xf32>, %o: memref<?xf32>) {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %zero = arith.constant 0.0 : f32
+          %v = memref.cast {target} : memref<?xf32> to memref<?xf32>
+          %sum = scf.for %i = %c0 to %n step %c1 iter_args(%a = %zero) -> f32 {{
+            %e = memref.load %x[%r, %i] : memref<?x?xf32>
+            %t = arith.addf %a, %e : f32
+            scf.yield %t : f32
+          }}
+          memref.store %sum, %m[%r] : memref<?xf32>
+          scf.parallel (%i) = (%c0) to (%n) step (%c1) {{
+            %e = memref.load %x[%r, %i] : memref<?x?xf32>
+            %s = memref.load %m[%r] : memref<?xf32>
+            %q = arith.divf %e, %s : f32
+            memref.store %q, %v[%r] : memref<?xf32>
+            scf.reduce
+          }}
+          return
+        }}""")
+        func = module.body.operations[0]
+        gpu._forward_stored_values(func)
+        assert ("memref.load %arg3" in str(func)) == (through == "same"), str(func)
 
 
 def test_a_reduction_to_a_scalar_is_a_kernel_not_host_reads(fake_cuda, monkeypatch, tmp_path):

@@ -80,6 +80,23 @@ def _wall(call, reps: int, warm: int) -> float:
     return float(np.median(times))
 
 
+def _host(call, reps: int, warm: int) -> float:
+    """Median ms until `call` returns, its work then waited for outside the timing: the host's
+    share of a call (a call that waits for the GPU inside takes as long as its work)."""
+    import torch
+
+    for _ in range(warm):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    return float(np.median(times))
+
+
 def _bucket(n: int, sizes: list[int]) -> int:
     return next(s for s in sizes if s >= n)
 
@@ -166,25 +183,32 @@ def run(folder: Path, torch_only: bool = False) -> None:
             xj, mj = inputs(4, 100, "jax")
             diff_jax = float(jax.numpy.abs(jax_peers["disc_stablehlo (jax arrays)"](xj, mj) - jax_peers["jax.jit"](xj, mj)).max())
         print(f"max |disc - eager| at (4, 100): {diff:.2e}; max |disc - jax.jit| with jax arrays: {diff_jax}", flush=True)
-        steady, steady_wall = {}, {}
+        steady, steady_wall, host = {}, {}, {}
         for b, s in SHAPES:
             x, m = inputs(b, s, "torch")
             xj, mj = inputs(b, s, "jax")
             steady[f"{b}x{s}"] = {name: _time(lambda p=peer: p(x, m), 20, 5) for name, peer in torch_peers.items()}
+            host[f"{b}x{s}"] = {name: _host(lambda p=peer: p(x, m), 20, 5) for name, peer in torch_peers.items()}
             steady_wall[f"{b}x{s}"] = {name: _wall(lambda p=waited(peer, kind), a=(x, m) if kind == "torch" else (xj, mj): p(*a), 20, 5)
                                        for name, (peer, kind) in peers.items()}
             print(f"steady ({b}, {s}), CUDA events: " + ", ".join(f"{n} {t:.3f} ms" for n, t in steady[f'{b}x{s}'].items()), flush=True)
             print(f"steady ({b}, {s}), wall clock: " + ", ".join(f"{n} {t:.3f} ms" for n, t in steady_wall[f'{b}x{s}'].items()),
                   flush=True)
-        # where disc_stablehlo's time goes at the largest shape: every kernel (ours and cuBLAS's), by CUPTI
-        x, m = inputs(*SHAPES[-1], "torch")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                torch_peers["disc_stablehlo"](x, m)
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
+            print(f"steady ({b}, {s}), host time until a call returns: " + ", ".join(
+                f"{n} {t:.3f} ms" for n, t in host[f'{b}x{s}'].items()), flush=True)
+        # where the time goes at the two larger shapes, ours against torch.compile's: every kernel
+        # (ours, Triton's and cuBLAS's), by CUPTI, over 5 calls
+        for b, s in SHAPES[1:]:
+            x, m = inputs(b, s, "torch")
+            for name in ("disc_stablehlo", "torch.compile"):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(5):
+                        torch_peers[name](x, m)
+                    torch.cuda.synchronize()
+                print(f"kernels of 5 calls of {name} at ({b}, {s}):", flush=True)
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60), flush=True)
     print(json.dumps({"device": torch.cuda.get_device_name(0), "trace_s": totals, "trace_requests": served, "steady_ms": steady,
-                      "steady_wall_ms": steady_wall, "max_diff": diff, "max_diff_jax": diff_jax,
+                      "steady_wall_ms": steady_wall, "host_ms": host, "max_diff": diff, "max_diff_jax": diff_jax,
                       "disc_compile_s": meta["compile_s"], "disc_kernels": len(meta["kernels"])}))
 
 

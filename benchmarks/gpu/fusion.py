@@ -6,7 +6,10 @@ device-to-device copy of 512 MB (bytes read plus written). Torch eager runs the 
 beside, as a reference.
 
     python benchmarks/gpu/fusion.py prepare DIR      # here: compile for cuda
-    python benchmarks/gpu/fusion.py run DIR          # on the GPU machine (no MLIR there)
+    python benchmarks/gpu/fusion.py run DIR [DIR...] # on the GPU machine (no MLIR there)
+
+`run` with several folders (the same functions compiled by different versions of the compiler)
+measures each beside the others in one run, named by its folder.
 
 Each call's figure is the median over 5 rounds of 20 back-to-back calls between two CUDA events
 on the current stream (after 5 warm-up calls), inputs already on the GPU as CUDA tensors, for
@@ -22,14 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-# name -> (argument shapes at each measured size: the encoder layer's at (16, 256), then larger)
+# name -> argument shapes at each measured size: the encoder layer's at (8, 128) and (16, 256), then larger
 CASES = {
-    "softmax_masked": [[(16, 12, 256, 256), (16, 256)], [(32, 12, 512, 512), (32, 512)]],
-    "add_layer_norm": [[(4096, 768), (4096, 768), (768,), (768,)], [(65536, 768), (65536, 768), (768,), (768,)]],
-    "bias_gelu": [[(4096, 3072), (3072,)], [(32768, 3072), (3072,)]],
-    "row_sum": [[(4096, 3072)], [(16384, 4096)]],
-    "column_sum": [[(4096, 3072)], [(16384, 4096)]],
-    "scale_add": [[(4096, 3072), (4096, 3072)], [(32768, 3072), (32768, 3072)]],
+    "softmax_masked": [[(8, 12, 128, 128), (8, 128)], [(16, 12, 256, 256), (16, 256)], [(32, 12, 512, 512), (32, 512)]],
+    "add_layer_norm": [[(1024, 768), (1024, 768), (768,), (768,)], [(4096, 768), (4096, 768), (768,), (768,)],
+                       [(65536, 768), (65536, 768), (768,), (768,)]],
+    "bias_gelu": [[(1024, 3072), (3072,)], [(4096, 3072), (3072,)], [(32768, 3072), (3072,)]],
+    "row_sum": [[(1024, 3072)], [(4096, 3072)], [(16384, 4096)]],
+    "column_sum": [[(1024, 3072)], [(4096, 3072)], [(16384, 4096)]],
+    "scale_add": [[(1024, 3072), (1024, 3072)], [(4096, 3072), (4096, 3072)], [(32768, 3072), (32768, 3072)]],
 }
 
 
@@ -64,14 +68,14 @@ def _torch_functions():
 
 
 def _specs(shapes):
-    """Dims that differ between the measured sizes are symbolic (one symbol per distinct pair)."""
+    """Dims that differ between the measured sizes are symbolic (one symbol per distinct tuple of sizes)."""
     import jax
     from jax import export
 
-    names: dict[tuple[int, int], str] = {}
+    names: dict[tuple[int, ...], str] = {}
     dims = []
-    for small, large in zip(*shapes):
-        dims.append([d if d == e else names.setdefault((d, e), f"d{len(names)}") for d, e in zip(small, large)])
+    for sizes in zip(*shapes):  # an argument's shape at each size
+        dims.append([ds[0] if len(set(ds)) == 1 else names.setdefault(ds, f"d{len(names)}") for ds in zip(*sizes)])
     symbols = dict(zip(names.values(), export.symbolic_shape(", ".join(names.values())))) if names else {}
     return [jax.ShapeDtypeStruct(tuple(symbols.get(d, d) for d in dim), np.float32) for dim in dims]
 
@@ -130,7 +134,7 @@ def _copy_rate(dev) -> float:
     return 2 * src.numel() * 4 / _time_ms(lambda: dst.copy_(src)) / 1e6
 
 
-def run(folder: Path) -> None:
+def run(folders: list[Path]) -> None:
     import os
 
     import torch
@@ -144,28 +148,37 @@ def run(folder: Path) -> None:
     eager = _torch_functions()
     rows = []
     g = torch.Generator(device=dev).manual_seed(0)
+    names = ["disc_stablehlo"] if len(folders) == 1 else [f"disc_stablehlo {folder.name}" for folder in folders]
     for name, sizes in CASES.items():
-        f = disc.load(folder / f"{name}.disc")
+        compiled = {peer: disc.load(folder / f"{name}.disc") for peer, folder in zip(names, folders)}
         for shapes in sizes:
             args = [torch.randn(s, device=dev, generator=g) for s in shapes]
             want = eager[name](*args)
-            got = f(*args)
-            err = float((got - want).abs().max())
-            wrong = "" if err <= 1e-3 * max(1.0, float(want.abs().max())) else " MISMATCH"
             moved = sum(a.numel() for a in args) * 4 + want.numel() * 4
-            row = {"kernel": name, "shapes": shapes, "MB": moved / 1e6, "max_error": err}
-            for peer, call in (("disc_stablehlo", lambda: f(*args)), ("torch eager", lambda: eager[name](*args))):
+            row = {"kernel": name, "shapes": shapes, "MB": moved / 1e6}
+            errors = []
+            for peer, f in list(compiled.items()):
+                try:
+                    err = float((f(*args) - want).abs().max())
+                except Exception as e:  # a version that fails is reported and left out; the others go on
+                    errors.append(f"{peer} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    del compiled[peer]
+                    continue
+                wrong = "" if err <= 1e-3 * max(1.0, float(want.abs().max())) else " MISMATCH"
+                row[f"max_error {peer}"] = err
+                errors.append(f"{peer} {err:.1e}{wrong}")
+            for peer, call in [*((p, lambda f=f: f(*args)) for p, f in compiled.items()), ("torch eager", lambda: eager[name](*args))]:
                 ms, kernel_ms = _time_ms(call), _kernel_ms(call)
                 row[peer] = {"ms": ms, "GB/s": moved / ms / 1e6, "of copy": moved / ms / 1e6 / copy_gbs,
                              "kernel_ms": kernel_ms, "kernel GB/s": moved / kernel_ms / 1e6, "kernel of copy": moved / kernel_ms / 1e6 / copy_gbs}
             rows.append(row)
-            print(f"{name} {shapes}: {moved / 1e6:.0f} MB, max error {err:.1e}{wrong}; " + ", ".join(
+            print(f"{name} {shapes}: {moved / 1e6:.0f} MB, max error {', '.join(errors)}; " + ", ".join(
                 f"{p} {row[p]['ms'] * 1e3:.1f} us a call = {row[p]['GB/s']:.0f} GB/s, kernels {row[p]['kernel_ms'] * 1e3:.1f} us = "
                 f"{row[p]['kernel GB/s']:.0f} GB/s ({100 * row[p]['kernel of copy']:.0f} % of copy)"
-                for p in ("disc_stablehlo", "torch eager")), flush=True)
+                for p in [*compiled, "torch eager"]), flush=True)
     print(json.dumps({"device": torch.cuda.get_device_name(0), "copy_GBs": copy_gbs, "kernels": rows}))
 
 
 if __name__ == "__main__":
-    cmd, folder = sys.argv[1], Path(sys.argv[2])
-    prepare(folder) if cmd == "prepare" else run(folder)
+    cmd, folders = sys.argv[1], [Path(a) for a in sys.argv[2:]]
+    prepare(folders[0]) if cmd == "prepare" else run(folders)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Everything benchmarks/gpu checks on a GPU machine, in one go (docs/gpu.md):
-#   benchmarks/gpu/run_all.sh DIR LOGS
+#   benchmarks/gpu/run_all.sh DIR LOGS           # ENCODER_ARGS=--torch-only: the encoder's steady state alone
 # DIR holds what was prepared here: programs/ (prepare.py), conformance/ (conformance.py prepare),
-# fusion/ (fusion.py prepare) and encoder/ (encoder_layer.py prepare). Builds the RAL with CMake,
+# fusion/ (fusion.py prepare; or subfolders of it, each measured beside the others) and encoder/
+# (encoder_layer.py prepare). Builds the RAL with CMake,
 # then runs each part under its own time limit, its log written to LOGS/<part>.log.
 set -u
 dir=$1 logs=$2
@@ -18,12 +19,13 @@ run() {  # part, seconds, command...
   echo "== $part: exit $? in $((SECONDS - start)) s"
   grep -E "^(device|FAIL|NOT COMPILED|[0-9]+ of [0-9]+)" "$logs/$part.log" | head -40
 }
-[ -d "$dir/programs" ] && run programs 100 python3 benchmarks/gpu/run_cases.py "$dir/programs"
+[ -d "$dir/programs" ] && run programs 90 python3 benchmarks/gpu/run_cases.py "$dir/programs"
 [ -d "$dir/conformance" ] && run conformance 150 python3 benchmarks/gpu/conformance.py run "$dir/conformance" --jobs 6
-if [ -d "$dir/fusion" ]; then
-  run fusion 60 python3 benchmarks/gpu/fusion.py run "$dir/fusion"; grep -vE "^(device|\{)" "$logs/fusion.log" | tail -14
+if [ -d "$dir/fusion" ]; then  # its subfolders, if any: versions of the compiler measured side by side
+  versions=$(find "$dir/fusion" -mindepth 1 -maxdepth 1 -type d | sort)
+  run fusion 120 python3 benchmarks/gpu/fusion.py run ${versions:-"$dir/fusion"}; grep -vE "^(device|\{)" "$logs/fusion.log" | tail -14
 fi
 if [ -d "$dir/encoder" ]; then
-  run encoder 240 python3 benchmarks/gpu/encoder_layer.py run "$dir/encoder"; grep -E "^(trace|steady|max)" "$logs/encoder.log"
+  run encoder 150 python3 benchmarks/gpu/encoder_layer.py run "$dir/encoder" ${ENCODER_ARGS:-}; grep -E "^(trace|steady|max)" "$logs/encoder.log"
 fi
 exit 0
