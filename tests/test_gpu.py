@@ -362,6 +362,59 @@ def test_a_rows_stored_value_is_used_where_it_is_read_back(through):
         assert ("memref.load %arg3" in str(func)) == (through == "same"), str(func)
 
 
+@pytest.mark.parametrize("case", ["sum", "read_reversed", "not_overwritten", "exp"])
+def test_a_rows_elements_read_back_are_computed_again(case):
+    """A layer norm's row: the loop storing x - m goes, the sum and the last loop compute it
+    again from x (one store of the row). Not where a later loop reads another thread's element
+    (the row read backwards), nor where no later loop overwrites every element (the stored values
+    are the kernel's result), nor where the element is a math function's (a softmax's exp: read
+    back, not computed again)."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+    from disc_stablehlo.passes import gpu
+
+    read = "%j" if case == "read_reversed" else "%i"
+    last = ("memref.store %q, %y[%r, %i] : memref<?x?xf32>" if case != "not_overwritten"
+            else "memref.store %q, %z[%r, %i] : memref<?x?xf32>")
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(f"""
+        func.func private @body(%r: index, %n: index, %x: memref<?x?xf32>, %y: memref<?x?xf32>, %z: memref<?x?xf32>,
+                                %m: f32) {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          %zero = arith.constant 0.0 : f32
+          %last = arith.subi %n, %c1 : index
+          scf.parallel (%i) = (%c0) to (%n) step (%c1) {{
+            %v = memref.load %x[%r, %i] : memref<?x?xf32>
+            %d = arith.subf %v, %m : f32
+            %e = {"math.exp %d" if case == "exp" else "arith.addf %d, %d"} : f32
+            memref.store %e, %y[%r, %i] : memref<?x?xf32>
+            scf.reduce
+          }}
+          %sum = scf.for %i = %c0 to %n step %c1 iter_args(%a = %zero) -> f32 {{
+            %j = arith.subi %last, %i : index
+            %e = memref.load %y[%r, {read}] : memref<?x?xf32>
+            %t = arith.addf %a, %e : f32
+            scf.yield %t : f32
+          }}
+          scf.parallel (%i) = (%c0) to (%n) step (%c1) {{
+            %e = memref.load %y[%r, %i] : memref<?x?xf32>
+            %q = arith.divf %e, %sum : f32
+            {last}
+            scf.reduce
+          }}
+          return
+        }}""")
+        func = module.body.operations[0]
+        assert gpu._recompute_read_back(func) == (case == "sum")
+        text = str(func)
+        if case == "sum":
+            assert text.count("scf.parallel") == 1 and text.count("arith.subf") == 2 and "memref.load %arg3" not in text, text
+        else:
+            assert text.count("scf.parallel") == 2 and text.count("arith.subf") == 1, text
+
+
 def test_a_reduction_to_a_scalar_is_a_kernel_not_host_reads(fake_cuda, monkeypatch, tmp_path):
     """A loop nest the host code would otherwise run over device memory (a sum of everything)
     is a kernel of one thread: one launch, and the only device-to-host copy is the result's."""
