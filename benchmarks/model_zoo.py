@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: 47 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 49 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -88,7 +88,24 @@ VISION = {
     "tv_convnext_tiny": (lambda tv: tv.convnext_tiny(num_classes=10), None),
     "tv_squeezenet": (lambda tv: tv.squeezenet1_1(num_classes=10), None),
     "tv_googlenet": (lambda tv: tv.googlenet(num_classes=10, aux_logits=False, init_weights=True), None),
+    "tv_lraspp": (lambda tv: _segmentation(tv.segmentation.lraspp_mobilenet_v3_large(num_classes=5, weights=None, weights_backbone=None)), None),
+    "tv_deeplabv3": (lambda tv: _segmentation(tv.segmentation.deeplabv3_mobilenet_v3_large(num_classes=5, weights=None, weights_backbone=None)),
+                     None),
 }
+
+
+def _segmentation(model):
+    """torchvision's segmentation models return a dict: its "out" (a map at the input's size)."""
+    import torch
+
+    class Out(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x)["out"]
+    return Out()
 
 
 def _random_head(vit):

@@ -243,6 +243,51 @@ class PadIdsToWindows(torch.nn.Module):
         return torch.nn.functional.pad(ids, (0, (4 - ids.shape[1] % 4) % 4), value=7)
 
 
+class EmbeddingBags(torch.nn.Module):
+    """nn.EmbeddingBag over lists of varying length (a recommendation model's features), which
+    torch-mlir cannot convert: sums with per-sample weights, means with a padding index, maxima,
+    and offsets that include the end; some bags are empty."""
+
+    def __init__(self):
+        super().__init__()
+        bag = torch.nn.EmbeddingBag
+        self.sum, self.mean = bag(50, 8, mode="sum"), bag(50, 8, mode="mean", padding_idx=3)
+        self.max, self.ends = bag(50, 8, mode="max"), bag(50, 8, mode="sum", include_last_offset=True)
+
+    def forward(self, ids, offsets, weights):
+        ends = torch.cat([offsets, offsets.new_full((1,), ids.shape[0])])
+        return self.sum(ids, offsets, per_sample_weights=weights), self.mean(ids, offsets), self.max(ids, offsets), self.ends(ids, ends)
+
+
+def _bags(b: int, s: int) -> tuple:
+    """b + 1 bags over b * s + 3 ids (every fourth the padding id), starts drawn at random: some repeat (empty bags)."""
+    g = torch.Generator().manual_seed(100 * b + s)
+    n = b * s + 3
+    ids = torch.randint(0, 50, (n,), generator=g)
+    ids[::4] = 3
+    offsets = torch.sort(torch.randint(0, n + 1, (b + 1,), generator=g)).values
+    offsets[0] = 0
+    return ids, offsets, torch.rand(n, generator=g)
+
+
+class ScatterReductions(torch.nn.Module):
+    """`scatter_reduce` (a graph network's messages gathered per node), which torch-mlir cannot
+    convert: every reduction, with and without the target's own values, along either dim; some
+    targets receive nothing."""
+
+    def forward(self, x, index, src):
+        rows = [x.scatter_reduce(0, index, src, reduce, include_self=own)
+                for reduce in ("sum", "prod", "amax", "amin") for own in (True, False)]
+        return (*rows, src[:, :3].scatter_reduce(1, index % 3, src, "amax", include_self=False),
+                x.long().scatter_reduce(0, index, src.long(), "amin", include_self=False))
+
+
+def _scatter(b: int, s: int) -> tuple:
+    g = torch.Generator().manual_seed(10 * b + s)
+    x = torch.randn(b + 2, 3, generator=g)
+    return x * 4, torch.randint(0, b + 2, (s, 3), generator=g), torch.randn(s + 1, 4, generator=g) * 4
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -277,6 +322,10 @@ MODELS = [
     ("adaptive_pools", AdaptivePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
     ("pad_to_windows", PadToWindows, lambda b, s: (torch.randn(b, s + 5, 3),), {"x": {0: B, 1: Dim("n", min=5, max=64)}}),
+    ("embedding_bags", EmbeddingBags, _bags, {"ids": {0: Dim("n", min=2, max=2000)}, "offsets": {0: Dim("bags", min=2, max=100)},
+                                              "weights": {0: Dim("n", min=2, max=2000)}}),
+    ("scatter_reductions", ScatterReductions, _scatter, {"x": {0: Dim("nodes", min=3, max=66)}, "index": {0: Dim("edges", min=2, max=128)},
+                                                        "src": {0: Dim("edges", min=2, max=128) + 1}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]

@@ -202,6 +202,41 @@ def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
     return x
 
 
+def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
+                   sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
+                   padding_idx: int | None = None) -> Any:
+    """`nn.EmbeddingBag` (a recommendation model's lists of varying length), which torch-mlir
+    cannot convert: each index's bag is the count of bags starting at or before it, less one
+    (ones added at the bags' starts, summed cumulatively), its weight row is gathered (times its
+    per-sample weight; zero at `padding_idx`) and added into its bag; the mean divides by the
+    bag's count, max keeps the largest (an empty bag gives zeros, as PyTorch's). Returns
+    PyTorch's four results (the bags' sums or means or maxima, each index's bag, each bag's count,
+    and zeros for the maxima's positions)."""
+    import torch
+
+    n = indices.shape[0]
+    starts = offsets[:-1] if include_last_offset else offsets
+    bags = starts.shape[0]
+    first = torch.zeros(n + 1, dtype=torch.long, device=indices.device)  # a bag starting at n is empty
+    bag = first.index_add(0, starts[1:], torch.ones_like(starts[1:])).cumsum(0)[:n]
+    rows = weight.index_select(0, indices)
+    keep = torch.ones_like(indices, dtype=torch.bool) if padding_idx is None else indices != padding_idx
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.to(rows.dtype)[:, None]
+    rows = torch.where(keep[:, None], rows, rows.new_zeros(()))
+    count = torch.zeros(bags, dtype=torch.long, device=indices.device).index_add(0, bag, keep.long())
+    if mode == 2:
+        lowest = rows.new_full((), torch.finfo(rows.dtype).min)
+        out = torch.full((bags, weight.shape[1]), torch.finfo(rows.dtype).min, dtype=rows.dtype, device=rows.device)
+        out = out.scatter_reduce(0, bag[:, None].expand(n, weight.shape[1]), torch.where(keep[:, None], rows, lowest), "amax", include_self=False)
+        out = torch.where(count[:, None] > 0, out, out.new_zeros(()))
+    else:
+        out = torch.zeros(bags, weight.shape[1], dtype=rows.dtype, device=rows.device).index_add(0, bag, rows)
+        if mode == 1:
+            out = out / count.clamp_min(1).to(out.dtype)[:, None]
+    return out, bag, count, torch.zeros_like(count)
+
+
 def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> Any:
     """Strides mean nothing to a value-semantics compiler; torch-mlir guards non-default ones with
     a run-time assert StableHLO cannot express (RNNs allocate their state this way)."""
@@ -368,7 +403,7 @@ def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
-    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`)."""
+    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings, padding by sizes, embedding bags)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -386,6 +421,8 @@ def _decompositions() -> dict:
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
         table[op.vec] = _upsample_nearest
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
+    for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
+        table[op] = _embedding_bag
     for n in (1, 2, 3):
         adaptive, pool = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default, getattr(torch.ops.aten, f"max_pool{n}d").default
         table[adaptive] = _adaptive_avg_pool(n, table[adaptive])

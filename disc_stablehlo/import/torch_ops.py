@@ -7,7 +7,9 @@ calls of functions written here in StableHLO between `torch_c` casts:
 - `aten.sort`: a `stablehlo.sort` with an index operand from `dynamic_iota` (torch-mlir's builds
   a `stablehlo.iota` of dynamic shape, which StableHLO forbids), NaN above everything as in torch;
 - `aten.topk`: the k largest as JAX's `stablehlo.composite "chlo.top_k"` (a selection,
-  passes/top_k.py), along the last dim (others transposed there); the k smallest a sort and a slice.
+  passes/top_k.py), along the last dim (others transposed there); the k smallest a sort and a slice;
+- `aten.scatter_reduce` (sum, prod, amax, amin; which torch-mlir cannot convert): a
+  `stablehlo.scatter` with the reduction as its combiner.
 """
 
 from __future__ import annotations
@@ -36,10 +38,29 @@ def _constant_operand(value: Any) -> Any:
     op = value.owner
     if op.name == "torch.constant.none":
         return None
-    if op.name not in ("torch.constant.int", "torch.constant.bool"):
+    if op.name not in ("torch.constant.int", "torch.constant.bool", "torch.constant.str"):
         raise ValueError(f"expected a constant, got {op.name}")
     attr = op.attributes["value"]
+    if op.name == "torch.constant.str":
+        return ir.StringAttr(attr).value
     return ir.BoolAttr(attr).value if op.name == "torch.constant.bool" else ir.IntegerAttr(attr).value
+
+
+_INFINITIES = {"f16": (0xFC00, 0x7C00), "bf16": (0xFF80, 0x7F80), "f32": (0xFF800000, 0x7F800000),
+               "f64": (0xFFF0000000000000, 0x7FF0000000000000)}  # (-inf, inf) as bits
+
+
+def _extreme(elem: str, low: bool) -> str:
+    """The lowest or highest value of an element type, as a StableHLO literal: -inf or inf, or
+    the integers' extremes."""
+    if elem in _INFINITIES:
+        return hex(_INFINITIES[elem][0 if low else 1])
+    if elem == "i1":
+        return "false" if low else "true"
+    bits = int(elem.lstrip("ui"))
+    if elem.startswith("ui"):
+        return "0" if low else str((1 << bits) - 1)
+    return str(-(1 << (bits - 1)) if low else (1 << (bits - 1)) - 1)
 
 
 def _comparator(elem: str, descending: bool) -> str:
@@ -191,8 +212,75 @@ class _Rewriter:
         self.replace(op, "topk", [x], build)
 
 
+    def scatter_reduce(self, op: Any) -> None:
+        """`x.scatter_reduce(dim, index, src, reduce, include_self)` (sum, prod, amax, amin): a
+        `stablehlo.scatter` of src's elements at index's positions into x, with the reduction as
+        its combiner; without `include_self`, into the reduction's identity, the positions no
+        element reaches keeping x's value (a second scatter counts the elements each receives)."""
+        from ..errors import UnsupportedOpError
+
+        x, index, src = op.operands[0], op.operands[2], op.operands[3]
+        dim, reduce, include_self = (_constant_operand(op.operands[k]) for k in (1, 4, 5))
+        shape, elem = _builtin(x.type)
+        ishape, ielem = _builtin(index.type)
+        sshape = _builtin(src.type)[0]
+        combiners = {"sum": ("add", 0), "prod": ("multiply", 1), "amax": ("maximum", "lowest"), "amin": ("minimum", "highest")}
+        if reduce not in combiners:
+            raise UnsupportedOpError(f"aten.scatter_reduce with reduce='{reduce}' (sum, prod, amax and amin are supported)")
+        combine, identity = combiners[reduce]
+        rank = len(shape)
+        dim %= rank
+        identity = _extreme(elem, identity == "lowest") if identity in ("lowest", "highest") else (
+            f"{float(identity)}" if is_float(elem) else str(identity))
+
+        def scatter(b: Body, base: str, indices: str, updates: str, e: str, operation: str) -> str:
+            t = f"tensor<{e}>"
+            dims = ", ".join(map(str, range(rank)))
+            region = f"({{\n  ^bb0(%a: {t}, %b: {t}):\n    %r = stablehlo.{operation} %a, %b : {t}\n    stablehlo.return %r : {t}\n  }})"
+            return b(f'"stablehlo.scatter"({base}, {indices}, {updates}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<'
+                     f"inserted_window_dims = [{dims}], scatter_dims_to_operand_dims = [{dims}], index_vector_dim = {rank}>, "
+                     f"indices_are_sorted = false, unique_indices = false}} : ({tensor_type(shape, e)}, "
+                     f"{tensor_type(ishape + [rank], 'i64')}, {tensor_type(ishape, e)}) -> {tensor_type(shape, e)}")
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            xv, iv, sv = args
+            at = b.shape(iv, ishape, ielem)
+            vec = f"tensor<{rank}xi32>"
+            updates = b(f"stablehlo.real_dynamic_slice {sv}, {b.i32(0, rank)}, {at}, {b.i32(1, rank)} : "
+                        f"({tensor_type(sshape, elem)}, {vec}, {vec}, {vec}) -> {tensor_type(ishape, elem)}")
+            if ielem != "i64":
+                iv = b(f"stablehlo.convert {iv} : ({tensor_type(ishape, ielem)}) -> {tensor_type(ishape, 'i64')}")
+            column = b.vector([*(b.size(iv, ishape, "i64", d) for d in range(rank)), b.i32(1, 1)])
+            positions, columns = tensor_type(ishape, "i64"), []
+            for d in range(rank):  # each element's position: index's value along dim, its own along the others
+                c = iv if d == dim else b(f"stablehlo.dynamic_iota {at}, dim = {d} : ({vec}) -> {positions}")
+                columns.append(b(f"stablehlo.dynamic_reshape {c}, {column} : ({positions}, tensor<{rank + 1}xi32>) -> "
+                                 f"{tensor_type(ishape + [1], 'i64')}"))
+            indices = columns[0] if rank == 1 else b(
+                f"stablehlo.concatenate {', '.join(columns)}, dim = {rank} : ({', '.join([tensor_type(ishape + [1], 'i64')] * rank)}) -> "
+                f"{tensor_type(ishape + [rank], 'i64')}")
+            if include_self:
+                return [scatter(b, xv, indices, updates, elem, combine)], []
+            full = b.shape(xv, shape, elem)
+
+            def filled(value: str, e: str) -> str:
+                c = b(f"stablehlo.constant dense<{value}> : tensor<{e}>")
+                return b(f"stablehlo.dynamic_broadcast_in_dim {c}, {full}, dims = [] : (tensor<{e}>, {vec}) -> {tensor_type(shape, e)}")
+            reduced = scatter(b, filled(str(identity), elem), indices, updates, elem, combine)
+            ones = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<1> : tensor<i32>')}, {at}, dims = [] : "
+                     f"(tensor<i32>, {vec}) -> {tensor_type(ishape, 'i32')}")
+            counts = scatter(b, filled("0", "i32"), indices, ones, "i32", "add")
+            zero = filled("0", "i32")
+            reached = b(f"stablehlo.compare GT, {counts}, {zero}, SIGNED : ({tensor_type(shape, 'i32')}, {tensor_type(shape, 'i32')}) -> "
+                        f"{tensor_type(shape, 'i1')}")
+            ty = tensor_type(shape, elem)
+            return [b(f"stablehlo.select {reached}, {reduced}, {xv} : {tensor_type(shape, 'i1')}, {ty}")], []
+        self.replace(op, "scatter_reduce", [x, index, src], build)
+
+
 # torch-dialect op -> rewrite; aten.topk must be kept from torch-mlir's own decomposition (a sort)
-REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk}
+REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
+            "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
 LEGAL_OPS = ["aten.topk"]
 
 

@@ -590,12 +590,12 @@ def _same_element(a: list[ir.Value], loop_a: ir.Operation, b: list[ir.Value], lo
 
 def _forward_stored_values(func: ir.Operation) -> None:
     """A row's body (or a column tile's) reads back the values it stored (a row's max and sum,
-    stored to a buffer between its phases): each load of an element the body stored earlier, with no store to that
-    buffer in between, becomes the stored value (a loop's loads of it too, which LLVM cannot
-    hoist past the loop's stores to other buffers). Every thread of the row computes the same
-    value, so the barrier and the reload go. A store through a view ends what is known of its
-    buffer (`_buffer`); distinct arguments of the body are distinct allocations (a kernel's
-    buffers are all live while it runs)."""
+    stored to a buffer between its phases): each load of an element the body stored earlier,
+    with no store to that buffer in between, becomes the stored value (a loop's loads of it too,
+    which LLVM cannot hoist past the loop's stores to other buffers). Every thread of a row
+    computes the same value (a column tile's thread stores and reads its own), so the barrier and
+    the reload go. A store through a view ends what is known of its buffer (`_buffer`); distinct
+    arguments of the body are distinct allocations (a kernel's buffers are all live while it runs)."""
     block = func.regions[0].blocks[0]
     arguments = list(block.arguments)
     stored: list[tuple[ir.Value, list[ir.Value], ir.Value]] = []  # (buffer, indices, value)
