@@ -237,6 +237,31 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
     return out, bag, count, torch.zeros_like(count)
 
 
+def _upsample_bilinear(original: Callable) -> Callable:
+    """upsample_bilinear2d with `align_corners=True` (sizes that may be symbolic): torch's
+    decomposition computes the scale (in - 1) / (out - 1) as a float of sizes, a `sym_float` the
+    FX importer cannot take; here in tensors, as torch's kernel rounds it: each output position's
+    source is scale * i, its two neighbours are gathered and mixed, along the width and then the
+    height. Other cases (and scale factors that are not whole) take torch-mlir's table's."""
+    def upsample(x: Any, output_size: Any, align_corners: bool, scale_factors: Any = None) -> Any:
+        import torch
+
+        if not align_corners or (output_size is None and any(float(s) != int(s) for s in scale_factors)):
+            return original(x, output_size, align_corners, scale_factors)
+        sizes = list(x.shape[2:])
+        out = list(output_size) if output_size is not None else [n * int(s) for n, s in zip(sizes, scale_factors)]
+        for dim, n, size in ((3, sizes[1], out[1]), (2, sizes[0], out[0])):
+            last = torch.full((), n - 1, dtype=torch.long, device=x.device)
+            scale = last.to(torch.float32) / torch.full((), size - 1, dtype=torch.long, device=x.device).clamp_min(1).to(torch.float32)
+            source = scale * torch.arange(size, device=x.device, dtype=torch.float32)
+            low = source.to(torch.long)
+            high = torch.minimum(low + 1, last)
+            weight = (source - low.to(torch.float32)).to(x.dtype).reshape([-1 if d == dim else 1 for d in range(x.dim())])
+            x = x.index_select(dim, low) * (1 - weight) + x.index_select(dim, high) * weight
+        return x
+    return upsample
+
+
 def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> Any:
     """Strides mean nothing to a value-semantics compiler; torch-mlir guards non-default ones with
     a run-time assert StableHLO cannot express (RNNs allocate their state this way)."""
@@ -403,7 +428,8 @@ def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
-    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings, padding by sizes, embedding bags)."""
+    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings, padding by sizes, embedding bags,
+    bilinear upsampling with aligned corners)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -423,6 +449,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
     for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
         table[op] = _embedding_bag
+    table[torch.ops.aten.upsample_bilinear2d.vec] = _upsample_bilinear(table[torch.ops.aten.upsample_bilinear2d.vec])
     for n in (1, 2, 3):
         adaptive, pool = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default, getattr(torch.ops.aten, f"max_pool{n}d").default
         table[adaptive] = _adaptive_avg_pool(n, table[adaptive])
