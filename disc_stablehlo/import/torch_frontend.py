@@ -237,7 +237,7 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
     return out, bag, count, torch.zeros_like(count)
 
 
-def _upsample_bilinear(original: Callable) -> Callable:
+def _upsample_bilinear(original: Callable | None) -> Callable:
     """upsample_bilinear2d with `align_corners=True` (sizes that may be symbolic): torch's
     decomposition computes the scale (in - 1) / (out - 1) as a float of sizes, a `sym_float` the
     FX importer cannot take; here in tensors, as torch's kernel rounds it: each output position's
@@ -247,7 +247,7 @@ def _upsample_bilinear(original: Callable) -> Callable:
         import torch
 
         if not align_corners or (output_size is None and any(float(s) != int(s) for s in scale_factors)):
-            return original(x, output_size, align_corners, scale_factors)
+            return NotImplemented if original is None else original(x, output_size, align_corners, scale_factors)
         sizes = list(x.shape[2:])
         out = list(output_size) if output_size is not None else [n * int(s) for n, s in zip(sizes, scale_factors)]
         for dim, n, size in ((3, sizes[1], out[1]), (2, sizes[0], out[0])):
@@ -449,7 +449,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
     for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
         table[op] = _embedding_bag
-    table[torch.ops.aten.upsample_bilinear2d.vec] = _upsample_bilinear(table[torch.ops.aten.upsample_bilinear2d.vec])
+    table[torch.ops.aten.upsample_bilinear2d.vec] = _upsample_bilinear(table.get(torch.ops.aten.upsample_bilinear2d.vec))
     for n in (1, 2, 3):
         adaptive, pool = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default, getattr(torch.ops.aten, f"max_pool{n}d").default
         table[adaptive] = _adaptive_avg_pool(n, table[adaptive])
