@@ -229,7 +229,7 @@ class _Rewriter:
             raise UnsupportedOpError(f"aten.scatter_reduce with reduce='{reduce}' (sum, prod, amax and amin are supported)")
         combine, identity = combiners[reduce]
         rank = len(shape)
-        dim %= rank
+        dim = dim % rank if rank else 0
         identity = _extreme(elem, identity == "lowest") if identity in ("lowest", "highest") else (
             f"{float(identity)}" if is_float(elem) else str(identity))
 
@@ -244,6 +244,8 @@ class _Rewriter:
 
         def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             xv, iv, sv = args
+            if rank == 0:  # one element: the index can only be 0
+                return [b(f"stablehlo.{combine} {xv}, {sv} : tensor<{elem}>") if include_self else sv], []
             at = b.shape(iv, ishape, ielem)
             vec = f"tensor<{rank}xi32>"
             updates = b(f"stablehlo.real_dynamic_slice {sv}, {b.i32(0, rank)}, {at}, {b.i32(1, rank)} : "
