@@ -228,6 +228,17 @@ class AdaptivePools(torch.nn.Module):
         return F.adaptive_avg_pool2d(x, (3, 2)), F.adaptive_avg_pool1d(x.flatten(2), 5), F.adaptive_avg_pool2d(x, 1)
 
 
+class AdaptiveMaxPools(torch.nn.Module):
+    """Adaptive max pooling of dynamic sizes (channel attention's global max among them), with the
+    maxima's positions: torch-mlir cannot convert it."""
+
+    def forward(self, x):
+        F = torch.nn.functional
+        return (*F.adaptive_max_pool2d(x, (3, 2), return_indices=True), F.adaptive_max_pool2d(x, 1),
+                *F.adaptive_max_pool1d(x.flatten(2), 5, return_indices=True),
+                *F.adaptive_max_pool3d(x[:, None], (2, 2, 3), return_indices=True))
+
+
 class PadToWindows(torch.nn.Module):
     """Padding to whole windows of 4 (Swin's): amounts that are sizes, `n % 4` among them."""
 
@@ -332,6 +343,8 @@ MODELS = [
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
     ("pad_ids_to_windows", PadIdsToWindows, lambda b, s: (torch.randint(0, 50, (b, s + 5)),), {"ids": {0: B, 1: Dim("n", min=5, max=64)}}),
     ("adaptive_pools", AdaptivePools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
+     {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
+    ("adaptive_max_pools", AdaptiveMaxPools, lambda b, s: (torch.randn(b, 3, s + 5, s + 6),),
      {"x": {0: B, 2: Dim("h", min=5, max=128), 3: Dim("w", min=6, max=128)}}),
     ("pad_to_windows", PadToWindows, lambda b, s: (torch.randn(b, s + 5, 3),), {"x": {0: B, 1: Dim("n", min=5, max=64)}}),
     ("embedding_bags", EmbeddingBags, _bags, {"ids": {0: Dim("n", min=2, max=2000)}, "offsets": {0: Dim("bags", min=2, max=100)},

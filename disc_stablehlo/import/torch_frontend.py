@@ -184,6 +184,39 @@ def _adaptive_avg_pool(n: int, original: Callable) -> Callable:
     return pool
 
 
+def _adaptive_max_pool(n: int, original: Callable | None) -> Callable:
+    """adaptive_max_pool{n}d of dims with symbolic sizes (a global max pool too: channel
+    attention), which torch-mlir cannot convert: dim by dim from the last, the positions of each
+    output's window, floor(i*L/o) up to ceil((i+1)*L/o), gathered (as many as the longest window
+    holds, those past the window's end masked) and their maximum taken with its position; the
+    flat position in the input's pooled dims is carried along (PyTorch's indices: the first
+    maximum in row-major order). Static sizes take torch-mlir's table's form."""
+    def pool(x: Any, output_size: Any) -> Any:
+        import torch
+
+        first = x.dim() - n
+        spatial = [x.shape[first + i] for i in range(n)]
+        if original is not None and all(isinstance(size, int) for size in spatial):
+            return original(x, output_size)
+        flat, trailing = None, 1
+        for i in reversed(range(n)):
+            size, o, dim = spatial[i], output_size[i], first + i
+            rows = torch.arange(o, device=x.device)
+            start, end = (rows * size) // o, ((rows + 1) * size + o - 1) // o
+            positions = start[:, None] + torch.arange((size + o - 1) // o + 1, device=x.device)[None, :]
+            inside = positions < end[:, None]
+            gathered = x.index_select(dim, positions.clamp_max(size - 1).flatten())
+            gathered = gathered.unflatten(dim, positions.shape)
+            shape = [1] * x.dim()
+            shape[dim:dim + 1] = positions.shape
+            x, arg = torch.where(inside.reshape(shape), gathered, gathered.new_full((), float("-inf"))).max(dim + 1)
+            source = arg + start.reshape([-1 if d == dim else 1 for d in range(x.dim())])
+            flat = source if flat is None else source * trailing + flat.gather(dim, source)
+            trailing = trailing * size
+        return x, flat
+    return pool
+
+
 def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
     """constant_pad_nd by amounts that are sizes (Swin pads to whole windows: (w - n % w) % w),
     which torch-mlir cannot convert, as a gather of each padded dim's positions (clamped into the
@@ -428,8 +461,8 @@ def _decompositions() -> dict:
     """torch-mlir's table less the ops torch-mlir converts itself (`_KEPT_WHOLE`), plus ours
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
-    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings, padding by sizes, embedding bags,
-    bilinear upsampling with aligned corners)."""
+    `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
+    sizes, embedding bags, bilinear upsampling with aligned corners)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -454,6 +487,9 @@ def _decompositions() -> dict:
         adaptive, pool = getattr(torch.ops.aten, f"adaptive_avg_pool{n}d").default, getattr(torch.ops.aten, f"max_pool{n}d").default
         table[adaptive] = _adaptive_avg_pool(n, table[adaptive])
         table[pool] = _max_pool(n, table.get(pool))
+        if n > 1:  # adaptive_max_pool1d becomes 2-d
+            adaptive_max = getattr(torch.ops.aten, f"adaptive_max_pool{n}d").default
+            table[adaptive_max] = _adaptive_max_pool(n, table.get(adaptive_max))
     for n in (2, 3):  # avg_pool1d becomes avg_pool2d
         table[getattr(torch.ops.aten, f"avg_pool{n}d").default] = _avg_pool(n)
     return table
