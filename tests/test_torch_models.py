@@ -299,16 +299,18 @@ def _scatter(b: int, s: int) -> tuple:
     return x * 4, torch.randint(0, b + 2, (s, 3), generator=g), torch.randn(s + 1, 4, generator=g) * 4
 
 
-class BilinearAlignedCorners(torch.nn.Module):
-    """Bilinear resizing with aligned corners to sizes that are symbolic (a segmentation head's
-    map back to the image size): torch computes the scale (in - 1) / (out - 1) as a float of
-    sizes, which torch-mlir cannot import. Corners not aligned beside it."""
+class ResizeToSymbolicSizes(torch.nn.Module):
+    """Resizing to sizes that are symbolic (a segmentation head's map back to the image size, a
+    feature pyramid's coarser level to the finer one's): bilinear with aligned corners, whose scale
+    (in - 1) / (out - 1) torch computes as a float of sizes, which torch-mlir cannot import;
+    nearest, whose source index divides by the output's size. Corners not aligned beside them."""
 
     def forward(self, x, like):
         F = torch.nn.functional
         return (F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
                 F.interpolate(x, size=like.shape[-2:], mode="bilinear", align_corners=True),
-                F.interpolate(x, size=like.shape[-2:], mode="bilinear", align_corners=False))
+                F.interpolate(x, size=like.shape[-2:], mode="bilinear", align_corners=False),
+                F.interpolate(x, size=like.shape[-2:], mode="nearest"))
 
 
 B = Dim("batch", min=1, max=64)
@@ -351,7 +353,7 @@ MODELS = [
                                               "weights": {0: Dim("n", min=2, max=2000)}}),
     ("scatter_reductions", ScatterReductions, _scatter, {"x": {0: Dim("nodes", min=3, max=66)}, "index": {0: Dim("edges", min=2, max=128)},
                                                         "src": {0: Dim("edges", min=2, max=128) + 1}}),
-    ("bilinear_aligned_corners", BilinearAlignedCorners, lambda b, s: (torch.randn(b, 3, s + 2, s + 3), torch.randn(1, 1, 2 * s + 1, s + 7)),
+    ("resize_to_symbolic_sizes", ResizeToSymbolicSizes, lambda b, s: (torch.randn(b, 3, s + 2, s + 3), torch.randn(1, 1, 2 * s + 1, s + 7)),
      {"x": {0: B, 2: Dim("h", min=3, max=64), 3: Dim("w", min=4, max=64)},
       "like": {2: Dim("H", min=3, max=128), 3: Dim("W", min=8, max=128)}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),

@@ -81,9 +81,9 @@ def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> An
         axis = 2 + d
         size = x.shape[axis]
         positions = None
-        if output_size is not None:
+        if output_size is not None:  # the division by a tensor: one by a symbolic size does not import
             out = output_size[d]
-            positions = torch.arange(out, device=x.device) * size // out
+            positions = torch.div(torch.arange(out, device=x.device) * size, torch.full((), out, device=x.device), rounding_mode="floor")
         elif float(scale_factors[d]).is_integer():
             k = int(scale_factors[d])
             positions = torch.arange(size * k, device=x.device) // k
