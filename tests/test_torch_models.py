@@ -256,14 +256,14 @@ class PadIdsToWindows(torch.nn.Module):
 
 class EmbeddingBags(torch.nn.Module):
     """nn.EmbeddingBag over lists of varying length (a recommendation model's features), which
-    torch-mlir cannot convert: sums with per-sample weights, means with a padding index, maxima,
+    torch-mlir cannot convert: sums with per-sample weights, means and maxima with a padding index,
     and offsets that include the end; some bags are empty."""
 
     def __init__(self):
         super().__init__()
         bag = torch.nn.EmbeddingBag
         self.sum, self.mean = bag(50, 8, mode="sum"), bag(50, 8, mode="mean", padding_idx=3)
-        self.max, self.ends = bag(50, 8, mode="max"), bag(50, 8, mode="sum", include_last_offset=True)
+        self.max, self.ends = bag(50, 8, mode="max", padding_idx=3), bag(50, 8, mode="sum", include_last_offset=True)
 
     def forward(self, ids, offsets, weights):
         ends = torch.cat([offsets, offsets.new_full((1,), ids.shape[0])])

@@ -258,13 +258,14 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
         rows = rows * per_sample_weights.to(rows.dtype)[:, None]
     rows = torch.where(keep[:, None], rows, rows.new_zeros(()))
     count = torch.zeros(bags, dtype=torch.long, device=indices.device).index_add(0, bag, keep.long())
-    if mode == 2:
+    out = torch.zeros(bags, weight.shape[1], dtype=rows.dtype, device=rows.device)
+    if mode == 2:  # padding entries at the lowest value; a bag of none (or only those) is zeros
         lowest = rows.new_full((), torch.finfo(rows.dtype).min)
-        out = torch.full((bags, weight.shape[1]), torch.finfo(rows.dtype).min, dtype=rows.dtype, device=rows.device)
-        out = out.scatter_reduce(0, bag[:, None].expand(n, weight.shape[1]), torch.where(keep[:, None], rows, lowest), "amax", include_self=False)
+        out = out.scatter_reduce(0, bag[:, None].expand(n, weight.shape[1]), torch.where(keep[:, None], rows, lowest), "amax",
+                                 include_self=False)
         out = torch.where(count[:, None] > 0, out, out.new_zeros(()))
     else:
-        out = torch.zeros(bags, weight.shape[1], dtype=rows.dtype, device=rows.device).index_add(0, bag, rows)
+        out = out.index_add(0, bag, rows)
         if mode == 1:
             out = out / count.clamp_min(1).to(out.dtype)[:, None]
     return out, bag, count, torch.zeros_like(count)
