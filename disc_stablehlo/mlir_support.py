@@ -61,6 +61,19 @@ def walk(op: ir.Operation) -> Iterator[ir.Operation]:
     return iter(found)
 
 
+def clone_ops(ops: list[ir.Operation], mapping: dict[ir.Value, ir.Value]) -> dict[ir.Value, ir.Value]:
+    """Clones `ops` in order at the current insertion point, their operands (nested ops' too) that
+    `mapping` holds replaced; the clones' results are added to `mapping`, which is returned."""
+    for op in ops:
+        new = op.clone()
+        for inner in walk(new):
+            for i, v in enumerate(inner.operands):
+                if v in mapping:
+                    inner.operands[i] = mapping[v]
+        mapping.update(zip(op.results, new.results))
+    return mapping
+
+
 _FRAME_RE = re.compile(r'"([^"]+)"\("([^"]+)":(\d+)')
 
 

@@ -161,6 +161,15 @@ def _avg_pool(n: int) -> Callable:
     return pool
 
 
+def _adaptive_windows(size: Any, o: int, device: Any) -> tuple[Any, Any]:
+    """The start and end of each of an adaptive pooling's `o` windows over `size` positions (as
+    PyTorch's): floor(i*size/o) up to ceil((i+1)*size/o)."""
+    import torch
+
+    rows = torch.arange(o, device=device)
+    return (rows * size) // o, ((rows + 1) * size + o - 1) // o
+
+
 def _adaptive_avg_pool(n: int, original: Callable) -> Callable:
     """adaptive_avg_pool{n}d of dims with symbolic sizes to outputs larger than 1 (VGG's 7x7) as
     one product per dim with its averaging matrix, row i weighing positions floor(i*L/o) up to
@@ -173,8 +182,7 @@ def _adaptive_avg_pool(n: int, original: Callable) -> Callable:
         if all(isinstance(size, int) for size in spatial) or all(o == 1 for o in output_size):
             return original(x, output_size)
         for i, (size, o) in enumerate(zip(spatial, output_size)):
-            rows = torch.arange(o, device=x.device)
-            start, end = (rows * size) // o, ((rows + 1) * size + o - 1) // o
+            start, end = _adaptive_windows(size, o, x.device)
             positions = torch.arange(size, device=x.device)
             inside = (positions[None, :] >= start[:, None]) & (positions[None, :] < end[:, None])
             weights = inside.to(x.dtype) / (end - start)[:, None].to(x.dtype)
@@ -201,8 +209,7 @@ def _adaptive_max_pool(n: int, original: Callable | None) -> Callable:
         flat, trailing = None, 1
         for i in reversed(range(n)):
             size, o, dim = spatial[i], output_size[i], first + i
-            rows = torch.arange(o, device=x.device)
-            start, end = (rows * size) // o, ((rows + 1) * size + o - 1) // o
+            start, end = _adaptive_windows(size, o, x.device)
             positions = start[:, None] + torch.arange((size + o - 1) // o + 1, device=x.device)[None, :]
             inside = positions < end[:, None]
             gathered = x.index_select(dim, positions.clamp_max(size - 1).flatten())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import defined_outside, operation, walk
+from ..mlir_support import clone_ops, defined_outside, operation, walk
 
 
 def _uniform_value(v: ir.Value) -> ir.Value | None:
@@ -117,13 +117,7 @@ def scalarize_rank0_generics(module: ir.Module) -> int:
             mapping = {arg: ir.Operation.create("tensor.extract", results=[ir.RankedTensorType(v.type).element_type],
                                                 operands=[v]).result
                        for arg, v in zip(body.arguments, op.operands)}
-            for inner in ops[:-1]:
-                clone = inner.clone()
-                for i, v in enumerate(clone.operands):
-                    if v in mapping:
-                        clone.operands[i] = mapping[v]
-                for old, new in zip(inner.results, clone.results):
-                    mapping[old] = new
+            clone_ops(ops[:-1], mapping)
             for result, v in zip(op.results, ops[-1].operands):
                 built = ir.Operation.create("tensor.from_elements", results=[result.type], operands=[mapping.get(v, v)]).result
                 result.replace_all_uses_with(built)

@@ -29,7 +29,7 @@ from torch_mlir._mlir_libs._mlirDialectsLLVM import translate_module_to_llvmir
 
 from ..artifact import Kernel
 from ..errors import CompileError, UnsupportedOpError
-from ..mlir_support import create_value, defined_outside, describe, index_constant, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
+from ..mlir_support import clone_ops, create_value, defined_outside, describe, index_constant, int_constant, nested_in, new_private_function, operation, run_pipeline, verify, walk
 from .buffers import element_bytes
 from .loops import VIEWS, _new_loop, loop_bounds
 from .lower import LoweringState, clone_captured_constants
@@ -435,22 +435,9 @@ def _unroll_reduction(loop: ir.Operation) -> None:
         for k in range(UNROLL):
             iv = block.arguments[0] if k == 0 else create_value(
                 "arith.addi", [block.arguments[0], create_value("arith.muli", [step, index_constant(k)], index)], index)
-            mapping = _clone(ops[:-1], {body.arguments[0]: iv, body.arguments[1]: acc}, ir.InsertionPoint(block))
+            mapping = clone_ops(ops[:-1], {body.arguments[0]: iv, body.arguments[1]: acc})
             acc = mapping.get(yielded, yielded)
         ir.Operation.create("scf.yield", operands=[acc])
-
-
-def _clone(ops: list[ir.Operation], mapping: dict[ir.Value, ir.Value], ip: ir.InsertionPoint) -> dict[ir.Value, ir.Value]:
-    """Clones `ops` in order at `ip`, their operands in `mapping` replaced (the clones' results
-    added to it); returns the mapping."""
-    for op in ops:
-        new = op.clone(ip=ip)
-        for inner in walk(new):
-            for i, v in enumerate(inner.operands):
-                if v in mapping:
-                    inner.operands[i] = mapping[v]
-        mapping.update(zip(op.results, new.results))
-    return mapping
 
 
 # at most this many ops computed again where a row's element is read back: loads and arithmetic,
@@ -495,7 +482,8 @@ def _recompute_read_back(func: ir.Operation) -> bool:
         for reader in readers:
             iv = reader.regions[0].blocks[0].arguments[0]
             for load in [o for o in walk(reader) if o.name == "memref.load" and o.operands[0] == memref]:
-                mapping = _clone(chain, {loop.regions[0].blocks[0].arguments[0]: iv}, ir.InsertionPoint(load))
+                with ir.InsertionPoint(load):
+                    mapping = clone_ops(chain, {loop.regions[0].blocks[0].arguments[0]: iv})
                 load.results[0].replace_all_uses_with(mapping.get(store.operands[0], store.operands[0]))
                 load.erase()
         loop.erase()

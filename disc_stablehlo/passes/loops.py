@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from ..mlir_support import (create_value, defined_outside, facts_relied_on, find_function, index_compare, index_constant,
+from ..mlir_support import (clone_ops, create_value, defined_outside, facts_relied_on, find_function, index_compare, index_constant,
                             int_constant, nested_in, operation, run_pipeline, walk)
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
@@ -1045,12 +1045,7 @@ def prefetch_next_rows(module: ir.Module) -> int:
                 line = max(1, LINE_BYTES * 8 // ir.MemRefType(ref.type).element_type.width)
                 fetch, fetch_body = _scf_for(start, end, index_constant(line), [])
                 with ir.InsertionPoint(fetch_body):
-                    mapping = {row: following, column: fetch_body.arguments[0]}
-                    for op in computed:
-                        clone = op.clone()
-                        for k, v in enumerate(op.operands):
-                            clone.operands[k] = mapping.get(v, v)
-                        mapping[op.result] = clone.result
+                    mapping = clone_ops(computed, {row: following, column: fetch_body.arguments[0]})
                     ir.Operation.create("memref.prefetch", operands=[ref, *[mapping.get(v, v) for v in indices]], attributes={
                         "isWrite": ir.BoolAttr.get(False), "isDataCache": ir.BoolAttr.get(True),
                         "localityHint": ir.IntegerAttr.get(ir.IntegerType.get_signless(32), PREFETCH_LOCALITY)})
