@@ -56,7 +56,7 @@ def c_tests() -> None:
         run("cmake", "--build", build, "-j2")
         run(build / "test_ral", blas)
         run(build / "test_ral", blas, env=dict(os.environ, DISC_GEMM="blas"))  # single precision on the BLAS too
-        run(build / "test_ral")  # no BLAS: single precision on the RAL's kernel (AVX2), double reports UNAVAILABLE
+        run(build / "test_ral")  # no BLAS: single precision on the RAL's kernel where the CPU has one, double reports UNAVAILABLE
         run(build / "test_artifact")  # SHA-256, the header's JSON reader, loading and calling artifacts
         run(build / "test_gpu")  # the GPU device through fake_cuda (CUDA's driver and cuBLAS on host memory)
         run(build / "test_gpu_hip")  # the same through fake_hip (ROCm's HIP runtime and hipBLAS on host memory)

@@ -5,9 +5,9 @@
   units allow. The achievable SGEMM rate: the best of MKL (through the RAL, split over its pool
   as the compiled code does) and torch.mm (its own BLAS) on a square product of 2048.
 - Each GEMM of the layer (hidden 256, 4 heads, FFN 1024) at (batch, seq) = (1, 32), (8, 128) and
-  (16, 256), compiled once with dynamic dims: the runtime's own kernel (the default, where the CPU
-  has AVX2 and FMA and no AVX-512), the same artifact on a runtime that gives single precision to
-  MKL (DISC_GEMM=blas), and torch.matmul. 20 rounds of 5 calls, the peers alternating; GFLOP/s of
+  (16, 256), compiled once with dynamic dims: the runtime's own kernel (the default on CPUs with
+  AVX2 and FMA and no AVX-512, and on AMD's with AVX-512), the same artifact on a runtime that
+  gives single precision to MKL (DISC_GEMM=blas), and torch.matmul. 20 rounds of 5 calls, the peers alternating; GFLOP/s of
   the best round and of the median one (this VM's speed moves between rounds).
 - The whole layer at the same shapes, on both runtimes, alternating.
 Every peer on the same threads: 2, or `--threads N`.

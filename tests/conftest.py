@@ -3,6 +3,7 @@ several concrete shapes."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -45,10 +46,13 @@ def gemm_call_args(f) -> list[list[str]]:
 
 
 def own_gemm_kernel() -> bool:
-    """Whether this CPU runs single precision on the RAL's own kernel (AVX2 and FMA, no AVX-512)."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    return {"avx2", "fma"} <= flags and "avx512f" not in flags
+    """Whether this CPU runs single precision on the RAL's own kernel (packed_gemm.c picks it
+    from the CPU's features and vendor)."""
+    from disc_stablehlo.runtime import ral
+
+    kernel = ral().ral_packed_sgemm_kernel
+    kernel.restype = ctypes.c_void_p
+    return bool(kernel())
 
 
 def gemm_epilogue_behind(rows: int) -> bool:

@@ -80,8 +80,7 @@ def test_disc_run_matches_jax_at_every_shape(disc_run, saved, tmp_path):
 
 
 def test_without_a_blas_the_gemm_runs_on_the_runtimes_kernel_or_fails_clearly(disc_run, saved, tmp_path):
-    """Single precision runs on the RAL's own kernel where the CPU has AVX2 and FMA and no AVX-512,
-    BLAS or not; DISC_GEMM=blas gives it to the BLAS, and without one the call fails with the
+    """Single precision runs on the RAL's own kernel where the CPU has one, BLAS or not; DISC_GEMM=blas gives it to the BLAS, and without one the call fails with the
     GEMM's name; another DISC_GEMM value is refused when the runtime starts."""
     case = _case(tmp_path, 4, 2)
     p = _run(disc_run, saved, case, blas=False)

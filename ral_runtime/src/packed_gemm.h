@@ -9,18 +9,21 @@
 typedef void (*ral_sgemm_fn)(int64_t m, int64_t n, int64_t k, const float *a, int64_t sa_m, int64_t sa_k, const float *b,
                              int64_t sb_k, int64_t sb_n, float *c, int64_t ldc);
 
-/* The runtime's own kernel for this CPU (AVX2 and FMA without AVX-512, where it was measured
- * faster than MKL), or NULL: the BLAS does these. */
+/* The runtime's own kernel for this CPU, or NULL: the BLAS does these. Where it was measured
+ * faster than MKL: the AVX2 tile on CPUs without AVX-512 (Zen 3), the AVX-512 tile on AMD's CPUs
+ * with AVX-512 (Zen 4). Intel's CPUs with AVX-512 keep MKL, which is tuned for them. */
 ral_sgemm_fn ral_packed_sgemm_kernel(void);
 
-/* The same kernel whatever the CPU's other features (NULL without AVX2 and FMA): for tests. */
+/* The kernel with each tile whatever the CPU's vendor (NULL without the tile's instructions):
+ * for tests. */
 ral_sgemm_fn ral_packed_sgemm_avx2(void);
+ral_sgemm_fn ral_packed_sgemm_avx512(void);
 
-/* The same kernel for a product whose row blocks run on several threads: op(B) is packed once
- * into a buffer of `floats(n, k)` floats, 32-byte aligned (`pack`: its panels [first, last) of
- * `nr` columns, so the threads can share the work), and every row block reads it (`multiply`:
- * C[m, n] = op(A)[m, k] op(B), strides as above). Each block would otherwise pack all of B
- * itself. NULL where the runtime's kernel is not available. */
+/* The kernel `ral_packed_sgemm_kernel` picks, for a product whose row blocks run on several
+ * threads: op(B) is packed once into a buffer of `floats(n, k)` floats, 32-byte aligned (`pack`:
+ * its panels [first, last) of `nr` columns, so the threads can share the work), and every row
+ * block reads it (`multiply`: C[m, n] = op(A)[m, k] op(B), strides as above). Each block would
+ * otherwise pack all of B itself. NULL where the runtime has no kernel for this CPU. */
 typedef struct {
   int64_t nr;
   int64_t (*floats)(int64_t n, int64_t k);

@@ -512,21 +512,27 @@ static void *packed_gemm_on_thread(void *kernel) {
 }
 
 static void test_packed_gemm_kernel(void) {
-  ral_sgemm_fn kernel = ral_packed_sgemm_avx2();
-  if (!kernel) {
-    printf("packed GEMM kernel: no AVX2 and FMA on this CPU, skipped\n");
-    return;
-  }
   static const int64_t sizes[][3] = {{1, 1, 1},     {1, 16, 9},     {5, 17, 8},     {6, 16, 256}, {7, 33, 257},
                                      {64, 48, 70},  {65, 48, 70},   {150, 31, 300}, {13, 2050, 5}, {70, 2064, 3},
-                                     {145, 16, 513}, {2, 4100, 2},  {150, 300, 300}};
-  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
-    for (int t = 0; t < 4; t++) CHECK(packed_gemm_matches(kernel, sizes[s][0], sizes[s][1], sizes[s][2], t & 1, t >> 1));
-  pthread_t thread;
-  void *ok = NULL;
-  CHECK(pthread_create(&thread, NULL, packed_gemm_on_thread, (void *)kernel) == 0);
-  pthread_join(thread, &ok);
-  CHECK(ok == (void *)1);
+                                     {145, 16, 513}, {2, 4100, 2},  {150, 300, 300}, {9, 16, 40},  {15, 20, 33}};
+  const struct {
+    const char *tile;
+    ral_sgemm_fn kernel;
+  } kernels[] = {{"AVX2", ral_packed_sgemm_avx2()}, {"AVX-512", ral_packed_sgemm_avx512()}};
+  for (size_t v = 0; v < sizeof kernels / sizeof kernels[0]; v++) {
+    ral_sgemm_fn kernel = kernels[v].kernel;
+    if (!kernel) {
+      printf("packed GEMM kernel, %s tile: not on this CPU, skipped\n", kernels[v].tile);
+      continue;
+    }
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+      for (int t = 0; t < 4; t++) CHECK(packed_gemm_matches(kernel, sizes[s][0], sizes[s][1], sizes[s][2], t & 1, t >> 1));
+    pthread_t thread;
+    void *ok = NULL;
+    CHECK(pthread_create(&thread, NULL, packed_gemm_on_thread, (void *)kernel) == 0);
+    pthread_join(thread, &ok);
+    CHECK(ok == (void *)1);
+  }
 }
 
 /* The FFT entry against a direct DFT in long double: lengths with factors of 4, 2, 3, 5 and small
