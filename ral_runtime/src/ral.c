@@ -833,13 +833,20 @@ typedef struct {
   atomic_llong epilogue_ns;
 } gemm_job;
 
+/* Whether the runtime's packed kernel takes a single-precision product of m x n: where the CPU
+ * has one, except a matrix-vector product where there is a BLAS: its GEMV streams B at 1 x 1024 x
+ * 1024 twice as fast as the kernel's tile, whose two sums per row are latency bound, and a
+ * product of one column fills one of the tile's 16 ([1000, 2048] x [2048, 1] on two threads:
+ * 772 us on the kernel, 87-245 on MKL's GEMV; from 2 columns the kernel is ahead of MKL). */
+static int packed_kernel_takes(const ral_runtime *rt, int64_t m, int64_t n) {
+  return rt->packed_sgemm && ((m > 1 && n > 1) || !rt->sgemm);
+}
+
 /* One block of a single-precision product, C = op(A) op(B) with the BLAS's row-major conventions:
- * by the runtime's packed kernel where the CPU has one, else by the BLAS; one row by the BLAS
- * where there is one (its GEMV streams B at 1 x 1024 x 1024 twice as fast as the kernel's tile,
- * whose two sums per row are latency bound). */
+ * by the runtime's packed kernel where it takes it, else by the BLAS. */
 static void sgemm_block(const ral_runtime *rt, int ta, int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                         const float *b, int64_t ldb, float *c, int64_t ldc) {
-  if (rt->packed_sgemm && (m > 1 || !rt->sgemm))
+  if (packed_kernel_takes(rt, m, n))
     rt->packed_sgemm(m, n, k, a, ta == NO_TRANS ? lda : 1, ta == NO_TRANS ? 1 : lda, b, tb == NO_TRANS ? ldb : 1,
                      tb == NO_TRANS ? 1 : ldb, c, ldc);
   else
@@ -1004,7 +1011,8 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     int large = batch * g->m * g->n * g->k >= (1 << 18); /* enough work for the pool */
     const ral_shared_sgemm *shared = ctx->rt->shared_sgemm;
     int64_t shared_bytes = shared ? shared->floats(g->n, g->k) * (int64_t)sizeof(float) : 0;
-    if (shared && !g->is_double && !g->small && batch == 1 && threads > 1 && g->m >= 2 * RAL_SHARED_ROWS && large &&
+    if (shared && !g->is_double && !g->small && packed_kernel_takes(ctx->rt, g->m, g->n) && batch == 1 && threads > 1 &&
+        g->m >= 2 * RAL_SHARED_ROWS && large &&
         shared_bytes <= RAL_SHARED_PACK_BYTES && (g->packed = ral_alloc(ctx, (size_t)shared_bytes))) {
       g->row_tasks = (g->m + RAL_SHARED_ROWS - 1) / RAL_SHARED_ROWS;
       g->rows_per_task = (g->m + g->row_tasks - 1) / g->row_tasks;
