@@ -879,6 +879,52 @@ def test_constant_whole_powers_are_products():
     np.testing.assert_allclose(other(np.abs(x)), np.abs(x) ** 2.5, rtol=1e-6)
 
 
+def test_elementwise_loops_over_contiguous_dims_run_as_one():
+    """An elementwise loop whose buffers are walked as one run of memory over its trailing dims
+    (`loops.flatten_contiguous_loops`) vectorises over all of them, not row by row: over [m, n]
+    one dim, and a per-channel operand of [n, c, h, w] leaves h and w merged. A transposed read,
+    or an operand broadcast along the rows or the columns, keeps the dims apart. Every shape
+    gives jax.jit's values (rows of 1, 3, 24, 1000 elements; one element)."""
+    import jax
+    import jax.numpy as jnp
+    from conftest import specs_for
+    from jax import export
+
+    def axpy(x, y):
+        return x * 1.5 + y
+
+    def channels(x, s, b):
+        return jnp.maximum(x * s[None, :, None, None] + b[None, :, None, None], 0)
+
+    def transposed(x, y):
+        return x.T + y
+
+    def rows(x, y):
+        return x + y[:, None]
+
+    def columns(x, y):
+        return x * y[None, :]
+
+    cases = [(axpy, [(("m", "n"), np.float32)] * 2, 1, [[(m, n)] * 2 for m, n in [(1, 1), (5, 3), (7, 24), (3, 1), (1000, 1)]]),
+             (transposed, [(("n", "m"), np.float32), (("m", "n"), np.float32)], 2, [[(3, 5), (5, 3)], [(24, 7), (7, 24)]]),
+             (rows, [(("m", "n"), np.float32), (("m",), np.float32)], 2, [[(5, 3), (5,)], [(7, 24), (7,)]]),
+             (columns, [(("m", "n"), np.float32), (("n",), np.float32)], 2, [[(5, 3), (3,)], [(7, 24), (24,)]])]
+    for fn, shapes, dims, runs in cases:
+        f = disc.compile(fn, *specs_for(shapes, "m, n"))
+        [kernel] = f.kernels
+        assert kernel.parallel_dims == dims, (fn.__name__, str(kernel))
+        for run in runs:
+            args = [np.random.default_rng(len(run) + i).standard_normal(shape).astype(np.float32) for i, shape in enumerate(run)]
+            np.testing.assert_allclose(f(*args), fn(*args), rtol=1e-6, atol=1e-6)
+    n, h, w = export.symbolic_shape("n, h, w")
+    spec = jax.ShapeDtypeStruct((n, 64, h, w), jnp.float32)
+    vec = jax.ShapeDtypeStruct((64,), jnp.float32)
+    f = disc.compile(channels, spec, vec, vec)
+    for shape in [(2, 64, 7, 7), (1, 64, 1, 1), (3, 64, 5, 9)]:
+        x, s, b = (np.random.default_rng(i).standard_normal(sh).astype(np.float32) for i, sh in enumerate([shape, (64,), (64,)]))
+        np.testing.assert_allclose(f(x, s, b), channels(x, s, b), rtol=1e-6, atol=1e-6)
+
+
 def test_vector_tail_versions_are_chosen_from_the_real_sizes():
     """Softmax over a dynamic row length: a "no tail" version (the bound read as `n & -16`, no
     scalar remainder after the vector loop) runs when the length divides by 16, the "tail"

@@ -32,22 +32,30 @@ def _argument_dim_reads(entry: ir.Operation, shapes: ShapeAnalysis) -> list[tupl
     return found
 
 
-def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
-    """Returns how many dim reads were replaced (each is listed in `shapes.uses`)."""
-    block = entry.regions[0].blocks[0]
+def argument_dim_sources(shapes: ShapeAnalysis) -> list[list[int | tuple[int, int]]]:
+    """Per entry argument and dim: its size when the facts fix it, else the (argument, dim) of the
+    first argument dim with the same symbolic size, the one `unify_argument_dims` reads instead."""
     canon = [[shapes.facts.canon(d) for d in dims] for _, dims in shapes.args]
     first: dict[str, tuple[int, int]] = {}
     for a, dims in enumerate(canon):
         for i, d in enumerate(dims):
             first.setdefault(str(d), (a, i))
+    return [[d.constant if d.constant is not None else first[str(d)] for d in dims] for dims in canon]
+
+
+def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
+    """Returns how many dim reads were replaced (each is listed in `shapes.uses`)."""
+    block = entry.regions[0].blocks[0]
+    canon = [[shapes.facts.canon(d) for d in dims] for _, dims in shapes.args]
+    sources = argument_dim_sources(shapes)
     replaced = 0
     for op, a, i in _argument_dim_reads(entry, shapes):
-        d = canon[a][i]
+        d, source = canon[a][i], sources[a][i]
         with ir.InsertionPoint(op), op.location:
-            if d.constant is not None:
-                new = index_constant(d.constant)
-            elif first[str(d)] != (a, i):
-                ra, ri = first[str(d)]
+            if isinstance(source, int):
+                new = index_constant(source)
+            elif source != (a, i):
+                ra, ri = source
                 new = create_value(op.name, [block.arguments[ra], index_constant(ri)], ir.IndexType.get())
             else:
                 continue

@@ -19,7 +19,8 @@ from torch_mlir import ir
 
 from ..mlir_support import identity_layout, int_constant, operation, walk
 from .library_calls import STRIDED_RESULT_ATTR
-from .loops import EPILOGUE_ATTR, _HOISTABLE, _accesses, _expansion_checks, _in_parallel, _root, _same_bound, loop_bounds, row_dims
+from .loops import (EPILOGUE_ATTR, _HOISTABLE, _accesses, _dim_value, _expansion_checks, _in_parallel, _root, _same_size,
+                    loop_bounds, row_dims)
 
 # the library entries with an epilogue: positions of their calls' operands (the inputs' and the
 # result's pointers, and the length of the result's rows)
@@ -57,42 +58,6 @@ def _contiguous_view_of(ref: ir.Value, root: ir.Value) -> bool:
             return False
         ref = operation(ref.owner).operands[0]
     return identity_layout(ref.type)
-
-
-def _dim_value(ref: ir.Value, i: int) -> ir.Value | int | None:
-    """Dim i of a buffer or view: its static size, or the SSA size its allocation or expansion
-    was given (through collapses that merge it with size-1 dims); None when neither says."""
-    t = ir.MemRefType(ref.type)
-    if not t.is_dynamic_dim(i):
-        return t.shape[i]
-    if isinstance(ref.owner, ir.Block):
-        return None
-    op = operation(ref.owner)
-    if op.name == "memref.collapse_shape":
-        group = [int(d) for d in ir.ArrayAttr(op.attributes["reassociation"])[i]]
-        src = ir.MemRefType(op.operands[0].type)
-        sized = [d for d in group if src.is_dynamic_dim(d) or src.shape[d] != 1]
-        return _dim_value(op.operands[0], sized[0]) if len(sized) == 1 else None
-    dynamic = [d for d in range(t.rank) if t.is_dynamic_dim(d)]
-    sizes = {"memref.alloc": list(op.operands), "memref.expand_shape": list(op.operands)[1:]}.get(op.name)
-    return sizes[dynamic.index(i)] if sizes is not None and len(sizes) == len(dynamic) else None
-
-
-def _resolve(v: ir.Value | int | None) -> ir.Value | int | None:
-    """A size read by `memref.dim` of a view as the size the view was built from."""
-    while isinstance(v, ir.Value) and not isinstance(v.owner, ir.Block) and operation(v.owner).name == "memref.dim":
-        op = operation(v.owner)
-        i = int_constant(op.operands[1])
-        found = _dim_value(op.operands[0], i) if i is not None else None
-        if found is None:
-            return v
-        v = found
-    return int_constant(v) if isinstance(v, ir.Value) and int_constant(v) is not None else v
-
-
-def _same_size(size: ir.Value | int | None, bound: ir.Value) -> bool:
-    size, bound = _resolve(size), _resolve(bound)
-    return size is not None and (size == bound if isinstance(size, int) or isinstance(bound, int) else _same_bound(size, bound))
 
 
 def _strip_cast(v: ir.Value) -> ir.Value:

@@ -7,16 +7,20 @@
   loops' bodies one after the other, so what a row writes stays in cache until the next body
   reads it: a reduction with its consumers (softmax, layer norm: "stitch" fusion), with its
   producers ("input" fusion), or elementwise loops that upstream fusion could not merge ("loop").
-- Shape. A loop's leading dims (all but the innermost, which stays a loop LLVM vectorises) are
-  collapsed into one linear dim, so the thread pool splits all rows, not just the first dim
-  (batch 1 would otherwise run on one thread)."""
+- Shape. An elementwise loop's trailing dims that every buffer walks as one run of memory merge
+  into one (`flatten_contiguous_loops`). A loop's leading dims (all but the innermost, which
+  stays a loop LLVM vectorises) are then collapsed into one linear dim, so the thread pool
+  splits all rows, not just the first dim (batch 1 would otherwise run on one thread)."""
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 from torch_mlir import ir
 
-from ..mlir_support import (clone_ops, create_value, defined_outside, facts_relied_on, find_function, index_compare, index_constant,
-                            int_constant, nested_in, operation, run_pipeline, walk)
+from ..mlir_support import (clone_ops, create_value, defined_outside, facts_relied_on, find_function, identity_layout, index_compare,
+                            index_constant, int_constant, nested_in, operation, run_pipeline, walk)
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
 
@@ -155,6 +159,44 @@ def _row_local(first: ir.Operation, second: ir.Operation, k: int) -> bool:
     return True
 
 
+def _dim_value(ref: ir.Value, i: int) -> ir.Value | int | None:
+    """Dim i of a buffer or view: its static size, or the SSA size its allocation or expansion
+    was given (through collapses that merge it with size-1 dims), or for another buffer (a
+    function's argument) a `memref.dim` of it the code already reads; None when none says."""
+    t = ir.MemRefType(ref.type)
+    if not t.is_dynamic_dim(i):
+        return t.shape[i]
+    if isinstance(ref.owner, ir.Block):
+        return next((operation(u.owner).result for u in ref.uses if operation(u.owner).name == "memref.dim"
+                     and operation(u.owner).operands[0] == ref and int_constant(operation(u.owner).operands[1]) == i), None)
+    op = operation(ref.owner)
+    if op.name == "memref.collapse_shape":
+        group = [int(d) for d in ir.ArrayAttr(op.attributes["reassociation"])[i]]
+        src = ir.MemRefType(op.operands[0].type)
+        sized = [d for d in group if src.is_dynamic_dim(d) or src.shape[d] != 1]
+        return _dim_value(op.operands[0], sized[0]) if len(sized) == 1 else None
+    dynamic = [d for d in range(t.rank) if t.is_dynamic_dim(d)]
+    sizes = {"memref.alloc": list(op.operands), "memref.expand_shape": list(op.operands)[1:]}.get(op.name)
+    return sizes[dynamic.index(i)] if sizes is not None and len(sizes) == len(dynamic) else None
+
+
+def _resolve(v: ir.Value | int | None) -> ir.Value | int | None:
+    """A size read by `memref.dim` of a view as the size the view was built from."""
+    while isinstance(v, ir.Value) and not isinstance(v.owner, ir.Block) and operation(v.owner).name == "memref.dim":
+        op = operation(v.owner)
+        i = int_constant(op.operands[1])
+        found = _dim_value(op.operands[0], i) if i is not None else None
+        if found is None or found == v:
+            return v
+        v = found
+    return int_constant(v) if isinstance(v, ir.Value) and int_constant(v) is not None else v
+
+
+def _same_size(size: ir.Value | int | None, bound: ir.Value) -> bool:
+    size, bound = _resolve(size), _resolve(bound)
+    return size is not None and (size == bound if isinstance(size, int) or isinstance(bound, int) else _same_bound(size, bound))
+
+
 def _through_unit_expansions(ref: ir.Value, indices: list[ir.Value]) -> tuple[ir.Value, list[ir.Value]]:
     """An access through `memref.expand_shape` views that only add size-1 dims (a reduction's
     kept dim, [b, h, s, 1, s] over [b, h, s, s]) as the same access of the expanded buffer."""
@@ -285,6 +327,124 @@ def _collapse(loop: ir.Operation) -> None:
             ivs.append(_binary("arith.addi", lb, _binary("arith.muli", i, step)))
     _move_body(old, body, list(reversed(ivs)))
     _replace(loop, linear)
+
+
+def flatten_contiguous_loops(module: ir.Module, entry: ir.Operation, sources: list[list[int | tuple[int, int]]]) -> int:
+    """Elementwise loops over contiguous dims walk them as one: a top-level parallel loop without
+    nested loops whose trailing dims every buffer either walks in row-major order through those
+    induction variables as its own last indices (a row-major buffer whose dims there are the
+    loop's bounds: one run of memory), or does not index by at all (a broadcast operand), gets
+    those dims merged into one, and each buffer it walks is read through a collapsed view. Its
+    innermost loop, the one LLVM vectorises, then runs over the whole run: a kernel over [n, 24]
+    or [n, c, 7, 7] no longer vectorises rows of 24 or 7. `sources` says which of the entry's
+    argument dims are equal (`dims.argument_dim_sources`: the guard checked them). Returns the
+    number of loops changed."""
+    same = functools.partial(_same_dim, entry.regions[0].blocks[0], sources)
+    changed = 0
+    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)
+                 and EPILOGUE_ATTR not in op.attributes]:
+        first = _contiguous_suffix(loop, same)
+        if first is not None:
+            _merge_trailing(loop, first)
+            changed += 1
+    return changed
+
+
+def _contiguous_suffix(loop: ir.Operation, same: Callable[[ir.Value, int, ir.Value], bool]) -> int | None:
+    """The first of the trailing dims `flatten_contiguous_loops` may merge (at least two), or None."""
+    bounds, accesses = loop_bounds(loop), _accesses(loop)
+    body_ops = list(walk(loop))[1:]
+    if accesses is None or len(bounds) < 2 or any(o.name in ("scf.parallel", "scf.for", "scf.while") for o in body_ops) \
+            or any(int_constant(lb) != 0 or int_constant(step) != 1 for lb, _, step in bounds):
+        return None
+    ivs = list(loop.regions[0].blocks[0].arguments)
+    for first in range(len(bounds) - 1):
+        merged = ivs[first:]
+        # the merged induction variables are read only as the last indices of the accesses checked below
+        uses_ok = all(operation(u.owner).name == "memref.load" and u.operand_number >= 1
+                      or operation(u.owner).name == "memref.store" and u.operand_number >= 2 for iv in merged for u in iv.uses)
+        if uses_ok and all(_walks_run(ref, indices, writes, merged, bounds[first:], loop, same) for ref, indices, writes in accesses):
+            return first
+    return None
+
+
+def _walks_run(ref: ir.Value, indices: list[ir.Value], writes: bool, merged: list[ir.Value],
+               bounds: list[tuple[ir.Value, ir.Value, ir.Value]], loop: ir.Operation,
+               same: Callable[[ir.Value, int, ir.Value], bool]) -> bool:
+    """Whether an access reads or writes one run of memory over the merged dims (or, a read, the
+    same element whatever they are)."""
+    if not any(i in merged for i in indices):
+        return not writes
+    n = len(merged)
+    if indices[-n:] != merged or any(i in merged for i in indices[:-n]) or not defined_outside(ref, loop) \
+            or not identity_layout(ir.MemRefType(ref.type)):
+        return False
+    rank = len(indices)
+    return all(same(ref, rank - n + j, ub) for j, (_, ub, _) in enumerate(bounds) if j > 0)
+
+
+def _same_dim(entry_block: ir.Block, sources: list[list[int | tuple[int, int]]], ref: ir.Value, i: int, bound: ir.Value) -> bool:
+    """Whether dim i of `ref` is `bound`: by their SSA values, or for an entry argument by the dims
+    the guard checked equal (the bound then reads the first argument dim of its size)."""
+    if _same_size(_dim_value(ref, i), bound):
+        return True
+    if not isinstance(ref.owner, ir.Block) or ref.owner != entry_block or ir.BlockArgument(ref).arg_number >= len(sources):
+        return False
+    source, bound = sources[ir.BlockArgument(ref).arg_number][i], _resolve(bound)
+    if isinstance(source, int) or not isinstance(bound, ir.Value) or isinstance(bound.owner, ir.Block):
+        return source == bound
+    read = operation(bound.owner)
+    return (read.name == "memref.dim" and read.operands[0] == entry_block.arguments[source[0]]
+            and int_constant(read.operands[1]) == source[1])
+
+
+def _merge_trailing(loop: ir.Operation, first: int) -> None:
+    bounds = loop_bounds(loop)
+    old_ivs = list(loop.regions[0].blocks[0].arguments)
+    merged = old_ivs[first:]
+    views: dict[ir.Value, ir.Value] = {}
+    with ir.InsertionPoint(loop), loop.location:
+        total = bounds[first][1]
+        for _, ub, _ in bounds[first + 1:]:
+            total = _binary("arith.muli", total, ub)
+        accesses = [op for op in walk(loop) if op.name in ("memref.load", "memref.store")
+                    and list(op.operands)[-1:] and list(op.operands)[-1] == merged[-1]]
+        for op in accesses:
+            ref = op.operands[1] if op.name == "memref.store" else op.operands[0]
+            if ref not in views:
+                t = ir.MemRefType(ref.type)
+                keep = t.rank - len(merged)
+                groups = [[d] for d in range(keep)] + [list(range(keep, t.rank))]
+                tail = [t.shape[d] for d in range(keep, t.rank)]
+                size = ir.ShapedType.get_dynamic_size() if any(t.is_dynamic_dim(d) for d in range(keep, t.rank)) else _product(tail)
+                view_t = ir.MemRefType.get([t.shape[d] for d in range(keep)] + [size], t.element_type)
+                reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in g])
+                                                  for g in groups])
+                views[ref] = ir.Operation.create("memref.collapse_shape", results=[view_t], operands=[ref],
+                                                 attributes={"reassociation": reassociation}).result
+        flat, body = _new_loop(bounds[:first] + [(bounds[first][0], total, bounds[first][2])])
+    new_ivs = list(body.arguments)
+    for op in accesses:
+        store = op.name == "memref.store"
+        ref_at = 1 if store else 0
+        operands = list(op.operands)
+        keep = len(operands) - ref_at - 1 - len(merged)
+        with ir.InsertionPoint(op), op.location:
+            new = ir.Operation.create(op.name, results=[r.type for r in op.results],
+                                      operands=operands[:ref_at] + [views[operands[ref_at]]] + operands[ref_at + 1:ref_at + 1 + keep]
+                                      + [new_ivs[first]])
+        for old, res in zip(op.results, new.results):
+            old.replace_all_uses_with(res)
+        op.erase()
+    _move_body(loop.regions[0].blocks[0], body, new_ivs[:first] + [new_ivs[first]] * len(merged))
+    _replace(loop, flat)
+
+
+def _product(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
 
 
 _REDUCERS = ("arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")

@@ -24,11 +24,11 @@ from .convolution import reverse_kernels
 from .top_k import protect_top_k
 from .constants import fold_constant_converts
 from .buffers import check_allocation_sizes, free_after_last_use, plan_arena, reuse_equal_buffers
-from .dims import expose_divisibility, unify_argument_dims
+from .dims import argument_dim_sources, expose_divisibility, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
-from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, fuse_loops, hoist_invariant_loads,
-                    interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts, version_vector_tails)
+from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, flatten_contiguous_loops, fuse_loops,
+                    hoist_invariant_loads, interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts, version_vector_tails)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
@@ -171,6 +171,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         if target.kind == "cpu":
             fuse_epilogues(module)
             schedule_column_reductions(module, target.vector_elements())
+            flatten_contiguous_loops(module, _function(module, entry_name), argument_dim_sources(shapes))
             collapse_rows(module)
         accumulate_in_registers(module)  # GPUs: the form cooperative reductions are recognised in
         if target.kind == "cpu":
