@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 from torch_mlir import ir
@@ -400,8 +401,7 @@ def _same_dim(entry_block: ir.Block, sources: list[list[int | tuple[int, int]]],
 
 def _merge_trailing(loop: ir.Operation, first: int) -> None:
     bounds = loop_bounds(loop)
-    old_ivs = list(loop.regions[0].blocks[0].arguments)
-    merged = old_ivs[first:]
+    merged = list(loop.regions[0].blocks[0].arguments)[first:]
     views: dict[ir.Value, ir.Value] = {}
     with ir.InsertionPoint(loop), loop.location:
         total = bounds[first][1]
@@ -416,7 +416,7 @@ def _merge_trailing(loop: ir.Operation, first: int) -> None:
                 keep = t.rank - len(merged)
                 groups = [[d] for d in range(keep)] + [list(range(keep, t.rank))]
                 tail = [t.shape[d] for d in range(keep, t.rank)]
-                size = ir.ShapedType.get_dynamic_size() if any(t.is_dynamic_dim(d) for d in range(keep, t.rank)) else _product(tail)
+                size = ir.ShapedType.get_dynamic_size() if any(t.is_dynamic_dim(d) for d in range(keep, t.rank)) else math.prod(tail)
                 view_t = ir.MemRefType.get([t.shape[d] for d in range(keep)] + [size], t.element_type)
                 reassociation = ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in g])
                                                   for g in groups])
@@ -432,19 +432,12 @@ def _merge_trailing(loop: ir.Operation, first: int) -> None:
         with ir.InsertionPoint(op), op.location:
             new = ir.Operation.create(op.name, results=[r.type for r in op.results],
                                       operands=operands[:ref_at] + [views[operands[ref_at]]] + operands[ref_at + 1:ref_at + 1 + keep]
-                                      + [new_ivs[first]])
+                                      + [new_ivs[first]], attributes={name: op.attributes[name] for name in op.attributes})
         for old, res in zip(op.results, new.results):
             old.replace_all_uses_with(res)
         op.erase()
     _move_body(loop.regions[0].blocks[0], body, new_ivs[:first] + [new_ivs[first]] * len(merged))
     _replace(loop, flat)
-
-
-def _product(values: list[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 _REDUCERS = ("arith.addf", "arith.mulf", "arith.maximumf", "arith.minimumf", "arith.maxnumf", "arith.minnumf")
