@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: 49 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 55 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -53,6 +53,13 @@ TEXT = {
     "opt": lambda T: T.OPTModel(T.OPTConfig(ffn_dim=64, word_embed_proj_dim=32, **{k: v for k, v in _DECODER.items() if k != "intermediate_size"})),
     "bloom": lambda T: T.BloomModel(T.BloomConfig(hidden_size=32, n_layer=2, n_head=4, use_cache=False, **_COMMON)),
     "falcon": lambda T: T.FalconModel(T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, use_cache=False, **_COMMON)),
+    "xlm_roberta": lambda T: T.XLMRobertaModel(T.XLMRobertaConfig(max_position_embeddings=130, **_SMALL, **_COMMON)),
+    "modernbert": lambda T: T.ModernBertModel(T.ModernBertConfig(global_attn_every_n_layers=2, local_attention=16, **_SMALL,
+                                                                 vocab_size=VOCAB, pad_token_id=0)),
+    "phi3": lambda T: T.Phi3Model(T.Phi3Config(num_key_value_heads=2, **_DECODER)),
+    "starcoder2": lambda T: T.Starcoder2Model(T.Starcoder2Config(num_key_value_heads=2, **_DECODER)),
+    "olmo": lambda T: T.OlmoModel(T.OlmoConfig(num_key_value_heads=2, **_DECODER)),
+    "stablelm": lambda T: T.StableLmModel(T.StableLmConfig(num_key_value_heads=2, **_DECODER)),
 }
 
 # vision models: name -> (builder of transformers (`T`, hf_) or torchvision.models (`tv`, tv_), image side or None for a dynamic

@@ -461,6 +461,42 @@ def test_unbounded_dim_compiles():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+@torch.library.custom_op("disc_test::scaled_rows", mutates_args=())
+def _scaled_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return x * scale
+
+
+@_scaled_rows.register_fake
+def _(x, scale):
+    return torch.empty_like(x)
+
+
+class LibraryOp(torch.nn.Module):
+    """A layer that calls an operator its library defines (as transformers' mixture-of-experts
+    layers call `transformers::grouped_mm_fallback`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(_scaled_rows(self.l(x), 2.0))
+
+
+def test_an_operator_a_library_defines_is_refused_by_name():
+    """An operator defined outside ATen (`torch.library`) has no conversion, and the compiler's
+    process could not load the program that calls it: UnsupportedOpError names it and where the
+    model calls it, before anything is sent to the compiler; through torch.compile the graph runs
+    in PyTorch instead, with a warning naming the op."""
+    model = LibraryOp().eval()
+    x = torch.randn(3, 8)
+    with pytest.raises(disc.UnsupportedOpError, match=r"outside PyTorch's ATen.*disc_test::scaled_rows \(File .*, in forward\)"):
+        disc.compile(model, (x,), dynamic_shapes={"x": {0: Dim("b")}})
+    compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+    with pytest.warns(UserWarning, match="disc_test::scaled_rows"), torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 class BlockWithBreak(torch.nn.Module):
     def __init__(self):
         super().__init__()

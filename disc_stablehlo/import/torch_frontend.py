@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from ..artifact import Deferred
-from ..errors import CompileError
+from ..errors import CompileError, UnsupportedOpError
 from ..runtime import Binding
 from . import Imported, Source, entry_name, find_entry, parse_stablehlo, register_frontend
 
@@ -75,7 +75,6 @@ def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> An
     for symbolic sizes (torch-mlir cannot lower the op with dynamic sizes)."""
     import torch
 
-    from ..errors import UnsupportedOpError
 
     for d in range(x.dim() - 2):
         axis = 2 + d
@@ -433,7 +432,6 @@ def _scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: A
     through its CPU flash-attention op and takes seconds to trace with symbolic sizes."""
     import torch
 
-    from ..errors import UnsupportedOpError
 
     if dropout_p:
         raise UnsupportedOpError(f"aten.scaled_dot_product_attention with dropout_p={dropout_p} (training): export the model in eval mode")
@@ -835,6 +833,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
+    _refuse_foreign_ops(ep)
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
                                       + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
@@ -850,6 +849,23 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
     return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints, held_back=held_back,
                   weights=weights), Binding()
+
+
+def _refuse_foreign_ops(ep: Any) -> None:
+    """Operators a library defines for itself (`torch.library`: transformers' grouped GEMM for
+    mixture-of-experts layers, torchvision's detection ops) have no conversion to StableHLO, and
+    the compiler's process, which imports neither library, could not even load the program."""
+    import torch
+
+    foreign: dict[str, str] = {}
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims"):
+            frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip().startswith("File ")]
+            foreign.setdefault(node.target._schema.name, frames[-1] if frames else "")
+    if foreign:
+        where = "; ".join(f"{name} ({at})" if at else name for name, at in foreign.items())
+        raise UnsupportedOpError(f"the exported program calls operators defined outside PyTorch's ATen, which disc_stablehlo "
+                                 f"cannot compile: {where}")
 
 
 def _size_arithmetic(ep: Any) -> None:
