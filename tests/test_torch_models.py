@@ -461,6 +461,27 @@ def test_unbounded_dim_compiles():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+class Histogram(torch.nn.Module):
+    def __init__(self, bins: int, lo: float, hi: float):
+        super().__init__()
+        self.bins, self.lo, self.hi = bins, lo, hi
+
+    def forward(self, x):
+        return torch.histc(x * 3, bins=self.bins, min=self.lo, max=self.hi)
+
+
+def test_histograms_count_like_pytorch():
+    """`torch.histc` (mixture-of-experts layers count tokens per expert with it), which
+    torch-mlir cannot convert: the same counts as eager, exactly, over a dynamic number of
+    elements: given bounds, the data's own extremes (both 0), values on the bins' edges and at
+    `max`, values outside the bounds, and data all equal (the range widened)."""
+    for bins, lo, hi in [(4, 0.0, 3.0), (10, -1.0, 2.5), (7, 0.0, 0.0)]:
+        model = Histogram(bins, lo, hi).eval()
+        compiled = disc.compile(model, (torch.randn(40),), dynamic_shapes={"x": {0: Dim("n")}})
+        for x in [torch.randn(1), torch.randn(300), torch.floor(torch.randn(1001) * 4) / 4, torch.full((6,), 0.5)]:
+            torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+
+
 @torch.library.custom_op("disc_test::scaled_rows", mutates_args=())
 def _scaled_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * scale

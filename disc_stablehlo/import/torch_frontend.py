@@ -241,6 +241,22 @@ def _constant_pad(x: Any, pad: Any, value: float = 0) -> Any:
     return x
 
 
+def _histc(x: Any, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # noqa: A002 (torch's names)
+    """`torch.histc` (mixture-of-experts layers count the tokens per expert with it), which
+    torch-mlir cannot convert: PyTorch's bin of each element in [min, max] (the data's extremes
+    when both are 0, widened by 1 each way when they are equal), `(x - min) * bins / (max - min)`
+    truncated, `max` itself in the last bin, added into the counts as ones."""
+    import torch
+
+    flat = x.reshape(-1)
+    lo, hi = (flat.min(), flat.max()) if min == 0 and max == 0 else (flat.new_full((), min), flat.new_full((), max))
+    same = lo == hi
+    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    inside = (flat >= lo) & (flat <= hi)
+    at = ((flat - lo) * bins / (hi - lo)).to(torch.long).clamp(0, bins - 1)
+    return flat.new_zeros(bins).index_add(0, at, inside.to(flat.dtype))
+
+
 def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
                    sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
                    padding_idx: int | None = None) -> Any:
@@ -468,7 +484,7 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners)."""
+    sizes, embedding bags, bilinear upsampling with aligned corners, histograms)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -486,6 +502,7 @@ def _decompositions() -> dict:
     for op in (torch.ops.aten.upsample_nearest1d, torch.ops.aten.upsample_nearest2d, torch.ops.aten.upsample_nearest3d):
         table[op.vec] = _upsample_nearest
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
+    table[torch.ops.aten.histc.default] = _histc
     for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
         table[op] = _embedding_bag
     table[torch.ops.aten.upsample_bilinear2d.vec] = _upsample_bilinear(table.get(torch.ops.aten.upsample_bilinear2d.vec))
