@@ -75,7 +75,6 @@ def _upsample_nearest(x: Any, output_size: Any, scale_factors: Any = None) -> An
     for symbolic sizes (torch-mlir cannot lower the op with dynamic sizes)."""
     import torch
 
-
     for d in range(x.dim() - 2):
         axis = 2 + d
         size = x.shape[axis]
@@ -447,7 +446,6 @@ def _scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: A
     that gives rows with every key masked zeros (as PyTorch's). torch's own decomposition goes
     through its CPU flash-attention op and takes seconds to trace with symbolic sizes."""
     import torch
-
 
     if dropout_p:
         raise UnsupportedOpError(f"aten.scaled_dot_product_attention with dropout_p={dropout_p} (training): export the model in eval mode")

@@ -162,14 +162,12 @@ def _row_local(first: ir.Operation, second: ir.Operation, k: int) -> bool:
 
 def _dim_value(ref: ir.Value, i: int) -> ir.Value | int | None:
     """Dim i of a buffer or view: its static size, or the SSA size its allocation or expansion
-    was given (through collapses that merge it with size-1 dims), or for another buffer (a
-    function's argument) a `memref.dim` of it the code already reads; None when none says."""
+    was given (through collapses that merge it with size-1 dims); None when neither says."""
     t = ir.MemRefType(ref.type)
     if not t.is_dynamic_dim(i):
         return t.shape[i]
     if isinstance(ref.owner, ir.Block):
-        return next((operation(u.owner).result for u in ref.uses if operation(u.owner).name == "memref.dim"
-                     and operation(u.owner).operands[0] == ref and int_constant(operation(u.owner).operands[1]) == i), None)
+        return None
     op = operation(ref.owner)
     if op.name == "memref.collapse_shape":
         group = [int(d) for d in ir.ArrayAttr(op.attributes["reassociation"])[i]]
@@ -187,7 +185,7 @@ def _resolve(v: ir.Value | int | None) -> ir.Value | int | None:
         op = operation(v.owner)
         i = int_constant(op.operands[1])
         found = _dim_value(op.operands[0], i) if i is not None else None
-        if found is None or found == v:
+        if found is None:
             return v
         v = found
     return int_constant(v) if isinstance(v, ir.Value) and int_constant(v) is not None else v
@@ -407,8 +405,7 @@ def _merge_trailing(loop: ir.Operation, first: int) -> None:
         total = bounds[first][1]
         for _, ub, _ in bounds[first + 1:]:
             total = _binary("arith.muli", total, ub)
-        accesses = [op for op in walk(loop) if op.name in ("memref.load", "memref.store")
-                    and list(op.operands)[-1:] and list(op.operands)[-1] == merged[-1]]
+        accesses = [op for op in walk(loop) if op.name in ("memref.load", "memref.store") and list(op.operands)[-1] == merged[-1]]
         for op in accesses:
             ref = op.operands[1] if op.name == "memref.store" else op.operands[0]
             if ref not in views:

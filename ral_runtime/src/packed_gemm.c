@@ -94,7 +94,7 @@ TILE512(1) TILE512(2) TILE512(3) TILE512(4) TILE512(5) TILE512(6) TILE512(7) TIL
 
 typedef void (*tile_fn)(int64_t, const float *, int64_t, int64_t, const float *, float *, int64_t, int);
 typedef struct {
-  int mr;               /* rows of the full tile */
+  int mr;                    /* rows of the full tile */
   tile_fn tiles[MR_MAX + 1]; /* tiles[r]: r rows */
 } tile_set;
 static const tile_set avx2_tiles = {6, {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6}};
