@@ -44,13 +44,13 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
         image_ir, hsaco = rocm.device_image(lowered.device_llvm_ir, tgt, kernel_names)
         device = {"hsaco_bytes": len(hsaco)}
     host = host_code_target(tgt)
-    objects, libmvec = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
+    objects, libmvec, aliases = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
     if image_ir is not None:
         objects.append(image_object(image_ir, host))
     start = mlir_support.add_seconds("LLVM code generation", start)  # (GPU targets: the device code's too)
     with tempfile.TemporaryDirectory(prefix="disc-") as tmp:
         so_path = os.path.join(tmp, "compiled.so")
-        link_shared_object(objects, so_path, ral_library_dir(), libmvec)
+        link_shared_object(objects, so_path, ral_library_dir(), libmvec, aliases)
         with open(so_path, "rb") as f:
             shared_object = f.read()
     start = mlir_support.add_seconds("linking", start)

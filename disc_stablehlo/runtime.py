@@ -708,7 +708,8 @@ class CompiledFunction:
         the row blocks of the GEMM whose epilogue it is ("fused") and inline ("inline": the
         small-size version chosen from the real sizes), and total seconds; plus the library
         GEMM entries (counted over the whole process, while `collect_stats()` is on). Kernels generated in versions
-        (`kernels[i].version`) count separately, so the counts say which version ran. CPU
+        (`kernels[i].version`) count separately, so the counts say which version ran; kernels of one
+        structure (the same code: one object, `targets/codegen.py`) share their counters. CPU
         targets only: a GPU's kernels are timed with its vendor's profiler (nsys, rocprof)."""
         if self._exe.gpu:
             raise DiscError(f"stats() counts CPU kernels; this function runs its kernels on a {self._exe.gpu} GPU "

@@ -1,4 +1,5 @@
-"""The persistent compile cache (DISC_CACHE_DIR): a second process loads instead of compiling."""
+"""The persistent compile cache (DISC_CACHE_DIR): a second process loads instead of compiling; kernels
+are compiled once per structure, across functions and processes."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _run(cache: str, constraints: list[str]) -> tuple[bool, int]:
 
 
 def _entries(cache) -> list[str]:
-    return sorted(e.rsplit(".", 1)[1] for e in os.listdir(cache))
+    """The artifacts' and requests' entries (not the kernels' folder)."""
+    return sorted(e.rsplit(".", 1)[1] for e in os.listdir(cache) if e != "kernels")
 
 
 def test_second_process_loads_from_the_cache_without_a_worker(tmp_path):
@@ -99,3 +101,132 @@ def test_threads_compiling_one_request_at_once_leave_one_entry(tmp_path, monkeyp
     for t in threads:
         t.join()
     assert not errors and _entries(tmp_path) == ["disc", "source"]
+
+
+def _layer(x, w1, b1, w3):
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.tanh(jax.nn.gelu(x @ w1 + b1, approximate=False) @ w3)
+
+
+def _two_layers(x, w1, b1, w2, b2, w3):
+    import jax
+
+    return _layer(jax.nn.gelu(x @ w1 + b1, approximate=False), w2, b2, w3)
+
+
+def _specs(count: int) -> list:
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    n, = export.symbolic_shape("n")
+    mat, vec = jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32)
+    return [jax.ShapeDtypeStruct((n, 64), jnp.float32), *[mat, vec] * count, mat]
+
+
+def test_kernels_compile_once_per_structure_across_functions_and_processes(tmp_path, monkeypatch):
+    """A function whose kernels another function had (the same loops: a layer of a stack compiled
+    alone) generates code for its host code only; with DISC_CACHE_DIR the kernels' objects outlive
+    the process (here: this process's cache emptied), and a damaged one is compiled again. The
+    functions compute what JAX does, and each kernel's counters are found under its own name."""
+    import jax
+    import numpy as np
+
+    import disc_stablehlo as disc
+    from disc_stablehlo.targets import codegen
+
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # code generation in this process, to be watched
+    monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(codegen, "kernel_cache", codegen.KernelCache())
+    kernel_parts, plain = [], codegen.compile_part
+
+    def watched(text, spec, elsewhere=False):
+        if elsewhere:
+            kernel_parts.append(text)
+        return plain(text, spec, elsewhere)
+
+    monkeypatch.setattr(codegen, "compile_part", watched)
+    rng = np.random.default_rng(0)
+    x, w1, b1, w2, b2, w3 = (rng.standard_normal(s).astype(np.float32) / 8 for s in [(300, 64), (64, 64), (64,), (64, 64), (64,), (64, 64)])
+    stack = disc.compile(_two_layers, *_specs(2))
+    assert len(kernel_parts) == len({k.name for k in stack.kernels}) == 2  # the GELU loop (twice) and the tanh
+    kernel_parts.clear()
+    layer = disc.compile(_layer, *_specs(1))
+    assert kernel_parts == [] and len(layer.kernels) == 2
+    np.testing.assert_allclose(layer(x, w1, b1, w3), jax.jit(_layer)(x, w1, b1, w3), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(stack(x, w1, b1, w2, b2, w3), jax.jit(_two_layers)(x, w1, b1, w2, b2, w3), rtol=2e-4, atol=2e-5)
+    before = layer.stats()  # (conftest has the counters on)
+    layer(x, w1, b1, w3)
+    assert all(layer.stats()[k.name]["calls"] == before[k.name]["calls"] + 1 for k in layer.kernels)
+    files = sorted((tmp_path / "kernels").iterdir())
+    assert len(files) == 2
+    # a later process: nothing in memory, the objects on disk (another constraint: not the same artifact)
+    monkeypatch.setattr(codegen, "kernel_cache", codegen.KernelCache())
+    again = disc.compile(_layer, *_specs(1), constraints=["n >= 2"])
+    assert kernel_parts == [] and again.compile_count == 1
+    np.testing.assert_allclose(again(x, w1, b1, w3), layer(x, w1, b1, w3), rtol=1e-6)
+    for path in files:  # damaged: compiled again, and replaced
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    monkeypatch.setattr(codegen, "kernel_cache", codegen.KernelCache())
+    damaged = disc.compile(_layer, *_specs(1), constraints=["n >= 3"])
+    assert len(kernel_parts) == 2
+    np.testing.assert_allclose(damaged(x, w1, b1, w3), layer(x, w1, b1, w3), rtol=1e-6)
+    assert all(codegen.kernel_cache.get(p.stem) is not None for p in files)
+
+
+_MODULE = """@msg = internal constant [9 x i8] c"#1 !2 @k\\00"
+declare float @llvm.exp.f32(float) #ATTR
+declare void @other(ptr)
+define void @NAME(ptr %0, i64 %1) {
+  br label %3
+3:
+  %4 = phi i64 [ 0, %2 ], [ %7, %3 ]
+  %5 = load float, ptr %0, align 4
+  %6 = call float @llvm.exp.f32(float %5)
+  store float %6, ptr %0, align 4
+  call void @other(ptr @msg)
+  %7 = add i64 %4, CONSTANT
+  %8 = icmp slt i64 %7, %1
+  br i1 %8, label %3, label %9, !llvm.loop !LOOP
+9:
+  ret void
+}
+define void @main() {
+  call void @NAME(ptr null, i64 4)
+  ret void
+}
+attributes #ATTR = { nounwind }
+!llvm.module.flags = !{!0}
+!0 = !{i32 2, !"Debug Info Version", i32 3}
+!LOOP = distinct !{!LOOP, !INTERLEAVE}
+!INTERLEAVE = !{!"llvm.loop.interleave.count", i32 4}
+"""
+
+
+def _kernel_module(name: str, attr: int, loop: int, constant: int = 1) -> str:
+    return (_MODULE.replace("NAME", name).replace("#ATTR", f"#{attr}").replace("!LOOP", f"!{loop}")
+            .replace("!INTERLEAVE", f"!{loop + 1}").replace("CONSTANT", str(constant)))
+
+
+def test_a_kernel_is_named_by_its_structure():
+    """A kernel's part holds the kernel and what it refers to (a global, declarations, its loop's
+    metadata, attribute groups), numbered in the order they appear: the same loop under another
+    name in another module (other numbers for its attributes and metadata) has the same symbol and
+    text; another constant, another symbol. Strings keep their text, and the part compiles alone."""
+    import llvmlite.binding as llvm
+
+    from disc_stablehlo.targets import codegen
+
+    symbol, text = codegen.Functions(_kernel_module("k1", 0, 1)).kernel("k1")
+    assert codegen.Functions(_kernel_module("__disc_par_7", 3, 5)).kernel("__disc_par_7") == (symbol, text)
+    other, _ = codegen.Functions(_kernel_module("k1", 0, 1, constant=2)).kernel("k1")
+    assert symbol.startswith(codegen.KERNEL_STEM) and other != symbol
+    assert 'c"#1 !2 @k' in text and "@main" not in text and "@k1" not in text
+    mod = llvm.parse_assembly(text)
+    mod.verify()
+    assert [f.name for f in mod.functions if not f.is_declaration] == [symbol]

@@ -176,7 +176,7 @@ def test_jax_convolutions_in_nhwc_run_as_gemms():
 
 
 def _kinds(f) -> list[str]:
-    return sorted({k.name: k.kind for k in f.kernels if k.version != "no tail"}.values())  # one per vector-tail pair
+    return sorted({k.name: k.kind for k in f.kernels}.values())
 
 
 def test_depthwise_convolution_is_one_elementwise_kernel_with_its_batch_norm():

@@ -351,6 +351,14 @@ def test_identical_loops_share_one_kernel():
     assert f.stats()[first.name]["calls"] - before == 2
 
 
+def _uncached(monkeypatch):
+    """This process's kernel cache emptied for the test (and no cache folder)."""
+    from disc_stablehlo.targets import codegen
+
+    monkeypatch.delenv("DISC_CACHE_DIR", raising=False)
+    monkeypatch.setattr(codegen, "kernel_cache", codegen.KernelCache())
+
+
 def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     """Kernels are compiled partly in a helper process, at the same time as the rest here: one
     object per part (the host code, each kernel), one shared object, the same results as code
@@ -369,9 +377,20 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
         if codegen.ready_helper():
             break
         time.sleep(0.05)
-    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == parts
+    asked, ask = [], codegen._ask
+
+    def counted(helper, request):
+        asked.append(request)
+        return ask(helper, request)
+
+    monkeypatch.setattr(codegen, "_ask", counted)
+    _uncached(monkeypatch)
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels, b"")[0]) == parts
+    assert asked  # the helper took a part
     monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
-    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == 1
+    _uncached(monkeypatch)
+    asked.clear()
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels, b"")[0]) == parts and not asked
     alone = _compile_two_layers()
     args = _two_layer_args()
     np.testing.assert_array_equal(f(*args), alone(*args))
@@ -382,7 +401,8 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
 
     monkeypatch.setattr(codegen._Helper, "call", dies)
     monkeypatch.setattr(codegen, "_helper_failed", False)
-    assert len(codegen.emit_objects(llvm_ir, spec, kernels)[0]) == parts  # its part compiled here
+    _uncached(monkeypatch)
+    assert len(codegen.emit_objects(llvm_ir, spec, kernels, b"")[0]) == parts  # its part compiled here
     assert codegen._helper_failed and codegen.ready_helper() is None
 
 
@@ -414,28 +434,13 @@ def test_a_part_llvm_rejects_stops_the_split_compilation(monkeypatch):
 
     monkeypatch.setattr(codegen, "compile_part", rejects)
     monkeypatch.setattr(codegen, "_ask", counted)
+    _uncached(monkeypatch)
     with pytest.raises(codegen.LLVMRejected, match="rejected here"):
-        codegen.emit_objects(llvm_ir, spec, [k.name for k in f.kernels])
+        codegen.emit_objects(llvm_ir, spec, [k.name for k in f.kernels], b"")
     assert len(compiled) == 1  # this process stopped at its first part
     assert len(asked) <= 1  # and the helper at the one in flight (of the 2 left: the host code and 2 kernels)
     monkeypatch.setattr(codegen, "compile_part", plain)
     assert codegen.ready_helper() is not None  # the helper is free again
-
-
-def test_a_split_compilation_has_the_host_code_and_at_most_sixteen_parts():
-    """The host code is one part; kernels (the largest first, each to the part with the fewest
-    lines) fill at most 15 more, each kernel in exactly one."""
-    from disc_stablehlo.targets import codegen
-
-    sizes = {"main": 900, "_mlir_ciface_main": 40} | {f"k{i}": 10 + i for i in range(40)}
-    kernels = [f"k{i}" for i in range(40)] + ["k3"]  # a kernel listed twice (used at two places)
-    parts = codegen.parts(sizes, kernels)
-    assert parts[0] == {"main", "_mlir_ciface_main"}
-    assert len(parts) == codegen.MAX_PARTS
-    assert sorted(k for p in parts[1:] for k in p) == sorted(f"k{i}" for i in range(40))
-    lines = [sum(sizes[k] for k in p) for p in parts[1:]]
-    assert max(lines) - min(lines) <= max(sizes[k] for k in kernels)
-    assert codegen.parts({"main": 10, "k": 5}, ["k"]) == [{"main"}, {"k"}]
 
 
 def test_unoptimised_host_code_gets_the_quick_code_generator():
@@ -923,30 +928,6 @@ def test_elementwise_loops_over_contiguous_dims_run_as_one():
     for shape in [(2, 64, 7, 7), (1, 64, 1, 1), (3, 64, 5, 9)]:
         x, s, b = (np.random.default_rng(i).standard_normal(sh).astype(np.float32) for i, sh in enumerate([shape, (64,), (64,)]))
         np.testing.assert_allclose(f(x, s, b), channels(x, s, b), rtol=1e-6, atol=1e-6)
-
-
-def test_vector_tail_versions_are_chosen_from_the_real_sizes():
-    """Softmax over a dynamic row length: a "no tail" version (the bound read as `n & -16`, no
-    scalar remainder after the vector loop) runs when the length divides by 16, the "tail"
-    version otherwise. When the facts already prove the divisibility, there is one version."""
-    import jax
-    from conftest import specs_for
-
-    def fn(x):
-        return jax.nn.softmax(x, axis=-1)
-
-    f = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"))
-    version = {k.version: k.name for k in f.kernels}
-    assert sorted(version) == ["no tail", "tail"]
-    for shape, ran in [((3, 32), "no tail"), ((2, 37), "tail"), ((4, 16), "no tail"), ((1, 1), "tail")]:
-        before = f.stats()
-        x = np.random.default_rng(shape[1]).standard_normal(shape).astype(np.float32)
-        np.testing.assert_allclose(f(x), fn(x), rtol=1e-5, atol=1e-7)
-        after = f.stats()
-        assert {v: after[n]["calls"] - before[n]["calls"] for v, n in version.items()} == {
-            "no tail": ran == "no tail", "tail": ran == "tail"}
-    proven = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"), constraints=["mod(s, 16) == 0"])
-    assert [k.version for k in proven.kernels] == [""]
 
 
 def test_long_loop_bodies_are_interleaved_and_every_row_length_is_computed():

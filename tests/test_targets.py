@@ -1,16 +1,9 @@
-"""Targets as data: what a target name resolves to, and the vector width the loops are
-specialised for coming from the target. The GPU targets: tests/test_gpu.py."""
+"""Targets as data: what a target name resolves to. The GPU targets: tests/test_gpu.py."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import jax
-import numpy as np
 import pytest
-from conftest import specs_for
 
-import disc_stablehlo as disc
 from disc_stablehlo import targets
 from disc_stablehlo.errors import CompileError
 
@@ -33,22 +26,3 @@ def test_target_names_resolve_to_their_description():
             targets.get_target(name)
 
 
-def test_vector_tails_follow_the_targets_vector_width(monkeypatch):
-    """A host whose loops use 256-bit vectors (8 f32) runs a softmax's "no tail" version at row
-    lengths that divide by 8 but not by 16."""
-    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # the patched target applies in this process
-    narrow = dataclasses.replace(targets.host_target(), vector_bits=256)
-    monkeypatch.setitem(targets.TARGETS, "x86", (lambda: narrow, None, ()))
-
-    def fn(x):
-        return jax.nn.softmax(x, axis=-1)
-
-    f = disc.compile(fn, *specs_for([(("b", "s"), np.float32)], "b, s"))
-    assert "and i64" in f.llvm_ir and ", -8" in f.llvm_ir
-    version = {k.version: k.name for k in f.kernels}
-    for shape, ran in [((3, 24), "no tail"), ((2, 20), "tail")]:
-        before = f.stats()
-        x = np.random.default_rng(shape[1]).standard_normal(shape).astype(np.float32)
-        np.testing.assert_allclose(f(x), fn(x), rtol=1e-5, atol=1e-7)
-        after = f.stats()
-        assert after[version[ran]]["calls"] - before[version[ran]]["calls"] == 1

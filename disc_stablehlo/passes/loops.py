@@ -20,7 +20,7 @@ from typing import Callable
 
 from torch_mlir import ir
 
-from ..mlir_support import (clone_ops, create_value, defined_outside, facts_relied_on, find_function, identity_layout, index_compare,
+from ..mlir_support import (clone_ops, create_value, defined_outside, find_function, identity_layout, index_compare,
                             index_constant, int_constant, nested_in, operation, run_pipeline, walk)
 
 EPILOGUE_ATTR = "disc.gemm_epilogue"  # on a GEMM call and the loop that runs behind it: the same id
@@ -580,86 +580,12 @@ def _top_loops(module: ir.Module) -> list[ir.Operation]:
             and not _in_parallel(op) and EPILOGUE_ATTR not in op.attributes]
 
 
-def version_vector_tails(module: ir.Module, vector: int) -> int:
-    """Speculation on the vector width (`vector`: f32 elements per vector of the target, 16 with
-    AVX-512): a loop whose innermost loops (the ones LLVM vectorises) run to a dynamic bound
-    (softmax over the sequence) is generated twice; host code runs the "no tail" version, in
-    which each such bound reads `n & -vector` (the same value when it holds, so the vector loop
-    needs no scalar remainder), when every such bound divides by the vector, and the "tail"
-    version (vector body plus scalar remainder) otherwise. A bound the shape facts prove
-    divisible (`dims.expose_divisibility` masked a read of it) just reads the masked value, in
-    one version. Returns the number of loops versioned."""
-    versioned = 0
-    for loop in _top_loops(module):
-        bounds = []
-        for inner in list(walk(loop))[1:]:
-            if inner.name not in ("scf.for", "scf.parallel") or not _contiguous_innermost(inner):
-                continue
-            for lb, ub, step in loop_bounds(inner):
-                if (int_constant(lb) == 0 and int_constant(step) == 1 and int_constant(ub) is None
-                        and defined_outside(ub, loop) and ub not in bounds):
-                    bounds.append(ub)
-        proven = {i: m for i, ub in enumerate(bounds) if (m := _proven_multiple(ub, vector)) is not None}
-        _read_as(loop, bounds, proven)
-        bounds = [ub for i, ub in enumerate(bounds) if i not in proven]
-        if not bounds:
-            continue
-        with ir.InsertionPoint(loop), loop.location:
-            low, zero = index_constant(vector - 1), index_constant(0)
-            divides = None
-            for ub in bounds:
-                check = index_compare("eq", _binary("arith.andi", ub, low), zero)
-                divides = check if divides is None else _binary("arith.andi", divides, check)
-            masked = {i: _binary("arith.andi", ub, index_constant(-vector)) for i, ub in enumerate(bounds)}
-        _versions(loop, divides, ("no tail", "tail"))
-        _read_as(loop, bounds, masked)
-        versioned += 1
-    return versioned
-
-
-def _contiguous_innermost(loop: ir.Operation) -> bool:
-    """An innermost loop that walks memory contiguously: its (last) induction variable is the
-    last index of one of its loads or stores (what LLVM vectorises)."""
-    body = list(walk(loop))[1:]
-    if any(o.name in ("scf.for", "scf.parallel") for o in body):
-        return False
-    iv = loop.regions[0].blocks[0].arguments[len(loop_bounds(loop)) - 1]
-    return any(o.name in ("memref.load", "memref.store") and len(list(o.operands)) > (2 if o.name == "memref.store" else 1)
-               and list(o.operands)[-1] == iv for o in body)
-
-
 def _read_as(op: ir.Operation, values: list[ir.Value], replacements: dict[int, ir.Value]) -> None:
     """In `op` and the ops nested in it, uses of values[i] read replacements[i]."""
     for inner in walk(op):
         for k, v in enumerate(inner.operands):
             if v in values and values.index(v) in replacements:
                 inner.operands[k] = replacements[values.index(v)]
-
-
-def _proven_multiple(v: ir.Value, vector: int) -> ir.Value | None:
-    """`v & -p` (p a multiple of the vector width) when the host code computes it because the
-    shape facts proved `v` divisible by p (`dims.expose_divisibility`: the mask carries the
-    fact); `v` itself when it is such a mask."""
-    if _fact_mask(v, vector):
-        return v
-    for use in v.uses:
-        owner = operation(use.owner)
-        if owner.name == "arith.andi" and owner.operands[0] == v and _fact_mask(owner.result, vector):
-            return owner.result
-    return None
-
-
-def _fact_mask(v: ir.Value, vector: int) -> bool:
-    """Whether v is `n & -p`, p a multiple of the vector width, that carries the fact "n divisible
-    by p" (`dims.expose_divisibility`). A version's own `n & -vector` (the "no tail" bound, which
-    holds only under its check) carries its loop's location and so that loop's facts, but not
-    this one: taken for a proven multiple, it had a later loop over n skip its last n % 16
-    columns in every version (ConvBERT's mask under dynamo: uninitialised values)."""
-    if isinstance(v.owner, ir.Block) or operation(v.owner).name != "arith.andi":
-        return False
-    mask = int_constant(operation(v.owner).operands[1])
-    return (mask is not None and mask < 0 and (-mask) % vector == 0
-            and any(f.endswith(f" divisible by {-mask}") for f in facts_relied_on(operation(v.owner))))
 
 
 def _versions(loop: ir.Operation, use_first: ir.Value, names: tuple[str, str]) -> ir.Operation:

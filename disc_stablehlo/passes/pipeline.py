@@ -28,7 +28,7 @@ from .dims import argument_dim_sources, expose_divisibility, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, flatten_contiguous_loops, fuse_loops,
-                    hoist_invariant_loads, interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts, version_vector_tails)
+                    hoist_invariant_loads, interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
@@ -179,7 +179,6 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         integer_powers_as_products(module)
         reciprocals_of_row_divisors(module)
         if target.kind == "cpu":
-            version_vector_tails(module, target.vector_elements())
             version_broadcasts(module)
         run_pipeline(module, "builtin.module(loop-invariant-code-motion, canonicalize, cse)", "loop clean-up")
         if target.kind == "cpu":
@@ -236,8 +235,10 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
 
 def _packed_entry(name: str, function: str, num_args: int, num_results: int) -> str:
     """LLVM IR of `void name(ptr args, ptr results)`, which calls the C interface of `function`
-    with `args[0..num_args)` (pointers to memref descriptors) after the results' pointer."""
-    lines = [f"define void @{name}(ptr %args, ptr %results) {{"]
+    with `args[0..num_args)` (pointers to memref descriptors) after the results' pointer. Left
+    unoptimised as the rest of the straight-line host code (`_leave_straight_line_host_code`):
+    the host code's part then gets the quick code generator (`codegen.codegen_level`)."""
+    lines = [f"define void @{name}(ptr %args, ptr %results) noinline optnone {{"]
     for i in range(num_args):
         lines += [f"  %p{i} = getelementptr inbounds ptr, ptr %args, i64 {i}", f"  %a{i} = load ptr, ptr %p{i}"]
     operands = (["ptr %results"] if num_results else []) + [f"ptr %a{i}" for i in range(num_args)]

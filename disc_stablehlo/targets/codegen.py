@@ -1,12 +1,20 @@
-"""LLVM IR -> optimised object code (llvmlite), split between this process and a helper process.
+"""LLVM IR -> optimised object code (llvmlite), split between this process and a helper process,
+with kernels cached by structure.
 
 llvmlite runs every LLVM call behind one process-wide lock, so a process optimises and generates
 one module at a time, on one core, and that is about 40 % of compiling a model. A module's kernels
-are independent functions, so `emit_objects` cuts the module into parts (the host code, and the
-kernels in groups), each defining its own functions and declaring the others', and this process
-and a helper process (this file, run as a script: it imports nothing but llvmlite and the standard
-library) each take the next part as they finish one; the parts' objects link into one shared
-object. Host code that LLVM does not optimise (`optnone`) gets the quick code generator.
+are independent functions, so `emit_objects` cuts the module into parts: the host code (every
+function but the kernels, which it declares), and each kernel alone with only what it refers to
+(`Functions.kernel`). This process and a helper process (this file, run as a script: it imports
+nothing but llvmlite and the standard library) each take the next part as they finish one; the
+parts' objects link into one shared object. Host code that LLVM does not optimise (`optnone`) gets
+the quick code generator.
+
+A kernel's part is named by its structure (`__disc_k_<digest>`: the same loop in another function,
+another model or another process has the same text, whatever its name there), and the link
+defines the kernel's own name as that symbol. Its object is kept in this process, and with
+`DISC_CACHE_DIR` set also on disk (`KernelCache`): a compilation generates code only for kernels
+not seen before.
 
 The helper starts in the background when the compilation of a module big enough to have several
 kernels starts (`start_helper`), takes work once it has loaded llvmlite (a compilation that finds
@@ -18,6 +26,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import hashlib
 import os
 import pickle
 import re
@@ -121,15 +130,18 @@ def codegen_level(mod: llvm.ModuleRef) -> int:
 
 
 _DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
+# what a part may refer to outside a function's body: a global or function (quoted name or not), an
+# attribute group, a metadata node; string literals are matched whole, so that nothing inside counts
+_REFERENCE = re.compile(r'@"([^"]*)"|@([-\w.$]+)|#(\d+)\b|!(\d+)\b|c?"(?:[^"\\]|\\.)*"')
+_ITEM = re.compile(r'(?:@"?([^" =]+)"? = |(?:declare|define) [^@]*@"?([^"(]+)"?\(|attributes #(\d+) = |!(\d+) = |(![-\w.]+) = )')
+KERNEL_STEM = "__disc_k_"
 
 
 class Functions:
     """A module's text cut once at its (not local) function definitions: `text(elsewhere)` is the
-    module with those functions declared instead of defined, for one part of a split compilation,
-    at the cost of a join (cutting the module again for each part was quadratic: BERT-base's 15
-    parts, 17 ms each). (As `available_externally` definitions, another part's kernels went
-    through this part's inlining and simplification passes, referenced as they are by the host
-    code, before being dropped: 10 % of the LLVM time spent twice.)"""
+    module with those functions declared instead of defined, for the host code's part of a split
+    compilation, at the cost of a join; `kernel(name)` is one function with only what it refers to,
+    named by its structure."""
 
     def __init__(self, llvm_ir: str) -> None:
         self.pieces: list[tuple[str | None, str, str]] = []  # (function or None, its text, its declaration)
@@ -152,25 +164,64 @@ class Functions:
     def text(self, elsewhere: frozenset[str]) -> str:
         return "".join(declaration if name in elsewhere else text for name, text, declaration in self.pieces)
 
+    @functools.cached_property
+    def _items(self) -> tuple[dict[str, str], list[str]]:
+        """What a function may refer to, by reference ("@name", "#N", "!N"): global definitions,
+        declarations (of the module's defined functions too), local function definitions,
+        attribute groups and metadata nodes; and the named metadata (`!llvm.module.flags`)."""
+        items: dict[str, str] = {}
+        named: list[str] = []
+        for name, text, declaration in self.pieces:
+            if name is not None:
+                items[f"@{name}"] = declaration.rstrip("\n")
+                continue
+            lines, i = text.split("\n"), 0
+            while i < len(lines):
+                end = lines.index("}", i) if lines[i].startswith("define ") else i  # a local function: to its last line
+                statement, i = "\n".join(lines[i:end + 1]), end + 1
+                m = _ITEM.match(statement)
+                if m is None:
+                    continue  # comments, the module's name
+                glob, function, group, node, named_node = m.groups()
+                if named_node:
+                    named.append(statement)
+                else:
+                    items[f"@{glob or function}" if glob or function else f"#{group}" if group else f"!{node}"] = statement
+        return items, named
 
-MAX_PARTS = 16  # a split compilation's parts: each parses the module's globals and declarations again
+    def kernel(self, name: str) -> tuple[str, str]:
+        """(symbol, text): the function `name` alone, with what it refers to (transitively: globals,
+        declarations, local functions, attribute groups, metadata), its attribute groups and
+        metadata numbered in the order they appear and itself named `__disc_k_<digest of that
+        text>`: a kernel of the same structure has the same symbol and text in any module."""
+        items, named = self._items
+        body = next(text for n, text, _ in self.pieces if n == name).rstrip("\n")
+        found: dict[str, str] = {}
+        todo = [body, *named]
+        while todo:
+            for m in _REFERENCE.finditer(todo.pop()):
+                quoted, plain, group, node = m.groups()
+                ref = f"@{quoted or plain}" if quoted or plain else f"#{group}" if group else f"!{node}" if node else None
+                if ref is not None and ref != f"@{name}" and ref not in found and ref in items:
+                    found[ref] = items[ref]
+                    todo.append(items[ref])
+        refs = [found[r] for r in found if r[0] == "@"]
+        groups = [found[r] for r in sorted((r for r in found if r[0] == "#"), key=lambda r: int(r[1:]))]
+        nodes = [found[r] for r in sorted((r for r in found if r[0] == "!"), key=lambda r: int(r[1:]))]
+        text = "\n".join([*refs, body, *groups, *named, *nodes]) + "\n"
+        numbers: dict[str, str] = {}
 
-
-def parts(sizes: dict[str, int], kernels: list[str]) -> list[frozenset[str]]:
-    """The functions each part of a split compilation defines (`sizes`: lines of each function
-    defined in the module): the host code (every function that is not a kernel) first, then
-    the kernels in at most MAX_PARTS - 1 groups, the largest first, each kernel to the group
-    with the fewest lines so far. This process and the helper each take the next part when
-    they finish one, so lines need not predict LLVM's time well (they do not: a kernel with
-    exp takes twice as long per line)."""
-    movable = sorted((k for k in set(kernels) if k in sizes), key=lambda k: (-sizes[k], k))
-    groups: list[list[str]] = [[] for _ in range(min(len(movable), MAX_PARTS - 1))]
-    lines = [0] * len(groups)
-    for k in movable:
-        i = lines.index(min(lines))
-        groups[i].append(k)
-        lines[i] += sizes[k]
-    return [frozenset(sizes) - frozenset(movable)] + [frozenset(g) for g in groups]
+        def canonical(m: re.Match) -> str:
+            quoted, plain, group, node = m.groups()
+            if (quoted or plain) == name:
+                return f"@{KERNEL_STEM}"
+            if group or node:
+                key = f"#{group}" if group else f"!{node}"
+                return numbers.setdefault(key, f"{key[0]}{sum(k[0] == key[0] for k in numbers)}")
+            return m.group(0)
+        text = _REFERENCE.sub(canonical, text)
+        symbol = KERNEL_STEM + hashlib.sha256(text.encode()).hexdigest()[:24]
+        return symbol, re.sub(rf"@{KERNEL_STEM}(?![-\w.$])", f"@{symbol}", text)
 
 
 class _Helper:
@@ -246,65 +297,151 @@ def ready_helper() -> _Helper | None:
     return helper if helper is not None and _wanted() and helper.alive() and helper.is_ready() else None
 
 
-def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str]) -> tuple[list[bytes], bool]:
-    """Object files for the module (one, or one per part when the helper takes a share, see
-    `parts`), and whether they call libmvec."""
-    helper = ready_helper() if len(set(kernels)) >= 2 else None
-    if helper is None or not helper.lock.acquire(blocking=False):
-        obj, libmvec = compile_part(llvm_ir, spec)
-        return [obj], libmvec
-    try:
-        functions = Functions(llvm_ir)
-        sizes = functions.sizes()
-        every = frozenset(sizes)
-        # (functions elsewhere, whether the globals are elsewhere): the host code's part, the first, defines them
-        queue = collections.deque((every - part, i > 0) for i, part in enumerate(parts(sizes, kernels)))
-        done: list[tuple[bytes, bool]] = []
-        rejected: list[str] = []
-        feeder = threading.Thread(target=_feed, args=(helper, functions, spec, queue, done, rejected))
-        feeder.start()
+class KernelCache:
+    """Kernel objects by key (`key`): the last MEMORY_BYTES of them in this process, and with
+    `DISC_CACHE_DIR` set every one in its `kernels/` folder, each file its object's digest, whether
+    it calls libmvec, and the object (one that does not match its digest is not used)."""
+
+    MEMORY_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.memory: collections.OrderedDict[str, tuple[bytes, bool]] = collections.OrderedDict()
+        self.size = 0
+
+    @staticmethod
+    def key(salt: bytes, spec: Spec, text: str) -> str:
+        """`salt`: what else decides the code (the compiler's build)."""
+        h = hashlib.sha256(salt)
+        h.update(repr((spec, llvm.llvm_version_info)).encode() + b"\0" + text.encode())
+        return h.hexdigest()[:32]
+
+    @staticmethod
+    def _path(key: str) -> str | None:
+        folder = os.environ.get("DISC_CACHE_DIR")
+        return os.path.join(folder, "kernels", f"{key}.o") if folder else None
+
+    def get(self, key: str) -> tuple[bytes, bool] | None:
+        with self.lock:
+            if key in self.memory:
+                self.memory.move_to_end(key)
+                return self.memory[key]
+        path = self._path(key)
         try:
-            _drain(queue, functions, spec, done, rejected)
-        except BaseException:
-            queue.clear()  # the feeder stops at its next part
-            raise
+            with open(path, "rb") as f:  # (None: TypeError)
+                data = f.read()
+        except (OSError, TypeError):
+            return None
+        if len(data) < 33 or hashlib.sha256(data[33:]).digest() != data[:32]:
+            return None
+        found = (data[33:], data[32] == 1)
+        self._remember(key, found)
+        return found
+
+    def put(self, key: str, found: tuple[bytes, bool]) -> None:
+        self._remember(key, found)
+        path = self._path(key)
+        if path is None:
+            return
+        obj, libmvec = found
+        partial = f"{path}.{os.getpid()}.{threading.get_ident()}.partial"  # renamed into place once complete
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(partial, "wb") as f:
+                f.write(hashlib.sha256(obj).digest() + bytes([libmvec]) + obj)
+            os.replace(partial, path)
+        except OSError:
+            pass  # an unwritable cache only costs the next compilation its code generation
+
+    def _remember(self, key: str, found: tuple[bytes, bool]) -> None:
+        with self.lock:
+            if key not in self.memory:
+                self.memory[key] = found
+                self.size += len(found[0])
+            while self.size > self.MEMORY_BYTES:
+                _, (obj, _) = self.memory.popitem(last=False)
+                self.size -= len(obj)
+
+
+kernel_cache = KernelCache()
+
+
+def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str], salt: bytes) -> tuple[list[bytes], bool, dict[str, str]]:
+    """Object files for the module: the host code's, and one per distinct kernel structure (from
+    `kernel_cache` where it has it); whether they call libmvec; and each kernel's symbol in those
+    objects (`Functions.kernel`), which the link is to define the kernel's name as. `salt`: see
+    `KernelCache.key`."""
+    functions = Functions(llvm_ir)
+    defined = [k for k in dict.fromkeys(kernels) if k in functions.sizes()]
+    symbols = {k: functions.kernel(k) for k in defined}
+    texts = dict(symbols.values())  # symbol -> text: kernels of one structure compile once
+    keys = {symbol: KernelCache.key(salt, spec, text) for symbol, text in texts.items()}
+    found = {symbol: kernel_cache.get(key) for symbol, key in keys.items()}
+    missing = sorted((s for s, obj in found.items() if obj is None), key=lambda s: -len(texts[s]))  # the largest first
+    jobs = [(functions.text(frozenset(defined)), False)] + [(texts[s], True) for s in missing]
+    host, *compiled = _compile(jobs, spec)
+    for symbol, result in zip(missing, compiled):
+        kernel_cache.put(keys[symbol], result)
+        found[symbol] = result
+    done = [host, *found.values()]
+    return [obj for obj, _ in done], any(libmvec for _, libmvec in done), {k: symbol for k, (symbol, _) in symbols.items()}
+
+
+def _compile(jobs: list[tuple[str, bool]], spec: Spec) -> list[tuple[bytes, bool]]:
+    """`compile_part` of each (text, globals elsewhere), here and in the helper when it is ready
+    and there are several."""
+    helper = ready_helper() if len(jobs) >= 2 else None
+    queue = collections.deque((i, text, elsewhere) for i, (text, elsewhere) in enumerate(jobs))
+    done: dict[int, tuple[bytes, bool]] = {}
+    rejected: list[str] = []
+    if helper is None or not helper.lock.acquire(blocking=False):
+        _drain(queue, spec, done, rejected)
+    else:
+        try:
+            feeder = threading.Thread(target=_feed, args=(helper, spec, queue, done, rejected))
+            feeder.start()
+            try:
+                _drain(queue, spec, done, rejected)
+            except BaseException:
+                queue.clear()  # the feeder stops at its next part
+                raise
+            finally:
+                feeder.join()
+            _drain(queue, spec, done, rejected)  # parts the helper gave back (it died)
         finally:
-            feeder.join()
-        _drain(queue, functions, spec, done, rejected)  # parts the helper gave back (it died)
-    finally:
-        helper.lock.release()
+            helper.lock.release()
     if rejected:
         raise LLVMRejected(rejected[0])
-    return [obj for obj, _ in done], any(libmvec for _, libmvec in done)
+    return [done[i] for i in range(len(jobs))]
 
 
-def _drain(queue: collections.deque, functions: Functions, spec: Spec, done: list, rejected: list) -> None:
+def _drain(queue: collections.deque, spec: Spec, done: dict, rejected: list) -> None:
     """Compiles parts here until none is left or the helper has had one rejected (`deque.popleft`
     is atomic: the helper's feeder takes from the same queue)."""
     while not rejected:
         try:
-            elsewhere, globals_elsewhere = queue.popleft()
+            i, text, elsewhere = queue.popleft()
         except IndexError:
             return
-        done.append(compile_part(functions.text(elsewhere), spec, globals_elsewhere))
+        done[i] = compile_part(text, spec, elsewhere)
 
 
-def _feed(helper: _Helper, functions: Functions, spec: Spec, queue: collections.deque, done: list, rejected: list) -> None:
+def _feed(helper: _Helper, spec: Spec, queue: collections.deque, done: dict, rejected: list) -> None:
     """Hands the helper the next part until none is left; a part it cannot take (it died) goes
     back to the queue for this process."""
     while not rejected:
         try:
-            elsewhere, globals_elsewhere = queue.popleft()
+            i, text, elsewhere = queue.popleft()
         except IndexError:
             return
-        status, *result = _ask(helper, (functions.text(elsewhere), spec, globals_elsewhere))
+        status, *result = _ask(helper, (text, spec, elsewhere))
         if status == "failed":
-            queue.append((elsewhere, globals_elsewhere))
+            queue.append((i, text, elsewhere))
             return
         if status == "rejected":
             rejected.append(result[0])
         else:
-            done.append(tuple(result))
+            done[i] = tuple(result)
 
 
 def _ask(helper: _Helper, request: tuple) -> tuple:
