@@ -1,7 +1,9 @@
 """Where the encoder layer's compile time goes (issue 15, item 4): `CompiledFunction.compile_seconds`
 per stage, cold (each compilation the first of a fresh process: the compiler worker starts while
-JAX exports) and warm (later compilations in one process, the worker kept), medians over the
-runs, the cold and warm runs alternating. The layer is the trace's (hidden 256, 4 heads, FFN 1024),
+JAX exports), warm (the same function compiled again in that process, the worker kept: its
+kernels come from the worker's kernel cache) and "cold, kernels on disk" (a fresh process with
+DISC_CACHE_DIR whose kernels an earlier process compiled, but not this artifact: a model whose
+kernels are unchanged), medians over the runs, the three alternating. The layer is the trace's (hidden 256, 4 heads, FFN 1024),
 compiled once for symbolic batch and sequence, on 2 threads. Writes compile_time.json.
 
     python benchmarks/compile_time.py [--runs 7]
@@ -11,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import limit_threads, machine_load  # noqa: E402
@@ -38,27 +42,43 @@ def main() -> None:
     if "--child" in sys.argv:  # one process: its first (cold) compilation, then a warm one
         print(json.dumps(compile_once(2)))
         return
+    if "--cached-child" in sys.argv:  # one process, one compilation, with the cache folder given
+        os.environ["DISC_CACHE_DIR"] = sys.argv[sys.argv.index("--cached-child") + 1]
+        print(json.dumps(compile_once(1)))
+        return
     runs = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 7
     # the package's bytecode as an installation has it (dev.py does the same for `bench`)
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(os.path.dirname(__file__), "..", "disc_stablehlo")],
                    check=True, capture_output=True)
     print(f"machine load (1 min average) {machine_load()}; {runs} fresh processes")
-    cold, warm = [], []
+    cold, warm, kernels_cached = [], [], []
+
+    def child(*args: str) -> list[dict[str, float]]:
+        out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
+        return json.loads(out.strip().splitlines()[-1])
+
     for _ in range(runs):
-        out = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, check=True).stdout
-        first, second = json.loads(out.strip().splitlines()[-1])
+        first, second = child("--child")
         cold.append(first)
         warm.append(second)
-    stages = list(cold[0])
-    table = {stage: {"cold_ms": 1e3 * median([r.get(stage, 0.0) for r in cold]),
-                     "warm_ms": 1e3 * median([r.get(stage, 0.0) for r in warm])} for stage in stages}
-    print(f"\n{'stage (median ms)':<50} {'cold':>8} {'warm':>8}")
+        folder = tempfile.mkdtemp(prefix="disc-compile-time-")
+        try:
+            child("--cached-child", folder)  # fills the kernels and the artifact
+            for entry in os.listdir(folder):  # the artifact goes, the kernels stay
+                if entry != "kernels":
+                    os.unlink(os.path.join(folder, entry))
+            kernels_cached += child("--cached-child", folder)
+        finally:
+            shutil.rmtree(folder)
+    columns = {"cold": cold, "warm": warm, "cold, kernels on disk": kernels_cached}
+    table = {stage: {name: 1e3 * median([r.get(stage, 0.0) for r in rows]) for name, rows in columns.items()} for stage in cold[0]}
+    print(f"\n{'stage (median ms)':<50} " + " ".join(f"{name:>22}" for name in columns))
     for stage, row in table.items():
-        print(f"{stage:<50} {row['cold_ms']:>8.1f} {row['warm_ms']:>8.1f}")
-    print(f"best total: cold {1e3 * min(r['total'] for r in cold):.1f} ms, warm {1e3 * min(r['total'] for r in warm):.1f} ms")
+        print(f"{stage:<50} " + " ".join(f"{row[name]:>22.1f}" for name in columns))
+    print("best total: " + ", ".join(f"{name} {1e3 * min(r['total'] for r in rows):.1f} ms" for name, rows in columns.items()))
     print(f"machine load (1 min average) at the end {machine_load()}")
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_time.json"), "w") as f:
-        json.dump({"runs": runs, "median_ms": table, "cold": cold, "warm": warm}, f, indent=1)
+        json.dump({"runs": runs, "median_ms": table, **columns}, f, indent=1)
 
 
 if __name__ == "__main__":
