@@ -8,8 +8,8 @@ numpy's memory, JAX and IREE device arrays; the bucketing peer pads on the host,
 server does), and each call returns once its result is computed. No peer gets an untimed
 warm-up before the trace. "disc_stablehlo cached" is a later process of the same service: a
 fresh process, run after another fresh process filled the persistent cache (`DISC_CACHE_DIR`);
-it still exports the model from JAX to find its cache entry (by the exported bytes: no compiler
-worker starts).
+it still exports the model from JAX to find its cache entry (by the exported bytes: the compiler
+worker started during the export is ended).
 
 Prints end-to-end trace time (every compilation included), compile counts, first-request
 latency, steady-state latency at fixed shapes interleaved round-robin, and the kernel counts of

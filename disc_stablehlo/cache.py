@@ -5,7 +5,8 @@ An artifact is stored under the key the compiler worker computes from the import
 Computing that key takes the worker: MLIR's start and the import. So the caller also records,
 beside each artifact, the key of what it sent the worker (the frontend's exported bytes, with
 their locations, and every option): a later process that exports the same bytes (the same code,
-a restarted service) loads the artifact without starting the worker."""
+a restarted service) loads the artifact without the worker (the one `compile` started while the
+frontend exported, so that a miss need not wait for it, is ended: `worker.release`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import threading
+import zipfile
 from typing import Any, Sequence
 
 from . import artifact
@@ -36,15 +38,24 @@ def build_digest() -> bytes:
 def source_key(source: Any, binding: dict, constraints: Sequence[str], target: str, buffer_reuse: bool) -> str:
     """The key of a compilation request as the caller sends it (`Source`, options)."""
     h = hashlib.sha256(build_digest())
-    payload = source.payload
-    if source.kind == "torch":  # the saved program's path: its bytes
-        with open(payload, "rb") as f:
-            payload = f.read()
     fields = {name: value for name, value in vars(source).items() if name not in ("payload", "weights")}
     h.update(repr(sorted(fields.items())).encode() + b"\0")
     h.update(json.dumps([binding, list(constraints), target, buffer_reuse], sort_keys=True).encode() + b"\0")
-    h.update(payload if isinstance(payload, bytes) else payload.encode())
+    if source.kind == "torch":  # the saved program's path: its archive's members
+        _hash_program(h, source.payload)
+    else:
+        h.update(source.payload if isinstance(source.payload, bytes) else source.payload.encode())
     return h.hexdigest()[:32]
+
+
+def _hash_program(h: Any, path: str) -> None:
+    """A saved torch.export program's members by their names inside its folder, which torch names
+    after the file (a temporary one), less the id torch draws at random for each save."""
+    with zipfile.ZipFile(path) as archive:
+        for info in sorted(archive.infolist(), key=lambda i: i.filename.partition("/")[2]):
+            name = info.filename.partition("/")[2]
+            if name != ".data/serialization_id":
+                h.update(name.encode() + b"\0" + archive.read(info) + b"\0")
 
 
 def _index(cache: str, key: str) -> str:

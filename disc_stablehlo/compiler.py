@@ -33,24 +33,26 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     "cuda:<sm_XX>" (docs/gpu.md); default $DISC_TARGET, else "x86". `DISC_LOG=shapes` prints the
     shape report after compiling, `DISC_LOG=compile` the time of each stage (`compile_seconds`)."""
     frontends = importlib.import_module(f"{__package__}.import")
-    if not os.environ.get("DISC_CACHE_DIR"):  # with a cache, a hit needs no worker: it starts on a miss
-        worker.prepare(frontends.importer_modules(fn, *specs))  # MLIR, LLVM and the importer load while the frontend exports
+    # MLIR, LLVM and the importer load while the frontend exports (a worker started here for a
+    # request the cache then answers is ended: `compile_source`)
+    started = worker.prepare(frontends.importer_modules(fn, *specs))
     start = time.perf_counter()
     source, binding = frontends.export(fn, *specs, **({"dynamic_shapes": dynamic_shapes} if dynamic_shapes is not None else {}))
-    return compile_source(source, binding, constraints, target, buffer_reuse, export_seconds=time.perf_counter() - start)
+    return compile_source(source, binding, constraints, target, buffer_reuse, export_seconds=time.perf_counter() - start,
+                          prepared=started)
 
 
 def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (), target: str | None = None,
                    buffer_reuse: bool = True, progress: Callable[[str], None] | None = None,
-                   export_seconds: float | None = None) -> CompiledFunction:
+                   export_seconds: float | None = None, prepared: worker.Worker | None = None) -> CompiledFunction:
     """The stages after the frontend's export (for frontends called from elsewhere, e.g. the
     dynamo backend): compiled by the worker, loaded here.
 
     With `DISC_CACHE_DIR` set, artifacts are kept there, keyed by the imported module, the
     constraints and options, the target, the package version and sources and the RAL build: a
     later process loads the artifact instead of generating code (its `compile_count` is 0), and
-    one that exports the same bytes with the same options loads it without starting the compiler
-    worker (`cache.py`).
+    one that exports the same bytes with the same options loads it without the compiler worker
+    (`cache.py`): `prepared`, a worker `compile` started while the frontend exported, is ended.
     `progress` is told the name of each stage as it starts. The result's `compile_seconds` holds
     the seconds each stage took (`export_seconds`: the frontend's export, when the caller timed
     it); `DISC_LOG=compile` prints them."""
@@ -63,6 +65,8 @@ def compile_source(source: Any, binding: Binding, constraints: Sequence[str] = (
     key = cache.source_key(source, binding_json, constraints, target, buffer_reuse) if cache_dir else None
     path = cache.lookup(cache_dir, key) if cache_dir else None
     if path is not None:  # this request compiled before: no worker
+        if prepared is not None:
+            worker.release(prepared)
         if source.kind == "torch":
             os.unlink(source.payload)
         return CompiledFunction(Executable(artifact.read(path, verify=True), default_runtime()), binding, compile_count=0)

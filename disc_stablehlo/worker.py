@@ -68,6 +68,8 @@ class Worker:
         self.log = tempfile.TemporaryFile()  # the worker's stderr: forwarded after each request, quoted on a crash
         self.log_read = 0
         self.crashed = False  # its output is then quoted in the error instead of forwarded
+        self.used = False  # it has taken a compilation
+        self.retired = False  # ended unused (`release`): a compilation that finds it so takes a new worker
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", "from disc_stablehlo.worker import serve; serve()"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
@@ -100,6 +102,9 @@ class Worker:
 
     def compile(self, request: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
         with self.lock:
+            if self.retired:
+                raise _Retired
+            self.used = True
             stage = "starting the compiler worker"
             try:
                 _send(self.proc.stdin, request)
@@ -145,6 +150,10 @@ class Worker:
                             + f"reproducer: {where}\nreplay: disc-stablehlo compile {where}")
 
 
+class _Retired(Exception):
+    """The worker was ended unused before this compilation could take it (`release`)."""
+
+
 def _reproducer(source: Any) -> str:
     """The source written to a file the CLI compiles again."""
     if source.kind == "torch":
@@ -167,19 +176,50 @@ def enabled() -> bool:
 def worker() -> Worker:
     """The running worker, started if there is none (returns at once: it loads MLIR and LLVM
     while the caller's frontend exports)."""
+    return _running()[0]
+
+
+def _running() -> tuple[Worker, bool]:
+    """The running worker, and whether this call started it."""
     global _worker
     with _worker_lock:
         if _worker is None or not _worker.alive():
             _worker = Worker()
             atexit.register(_worker.close)
-        return _worker
+            return _worker, True
+        return _worker, False
 
 
-def prepare(modules: tuple[str, ...]) -> None:
+def prepare(modules: tuple[str, ...]) -> Worker | None:
     """Starts the worker if there is none (it loads MLIR and LLVM in the background) and has it load
-    `modules`, the importer's, while the caller's frontend exports; nothing without a worker."""
-    if enabled():
-        worker().prepare(modules)
+    `modules`, the importer's, while the caller's frontend exports; nothing without a worker.
+    Returns the worker when this call started it (see `release`)."""
+    if not enabled():
+        return None
+    w, started = _running()
+    w.prepare(modules)
+    return w if started else None
+
+
+def release(w: Worker) -> None:
+    """Ends `w`, started by `prepare` for a compilation the cache then answered, unless it is no
+    longer this process's worker or has taken a compilation: a process whose compilations all hit
+    the cache keeps no worker. It is killed (it has only loaded modules; closing its input would
+    wait for the imports in flight)."""
+    global _worker
+    with _worker_lock:
+        if _worker is not w or not w.lock.acquire(blocking=False):
+            return
+        try:
+            if w.used:
+                return
+            w.retired = True
+            _worker = None
+        finally:
+            w.lock.release()
+    if w.alive():
+        w.proc.kill()
+    w.close()
 
 
 def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: str, buffer_reuse: bool, out_path: str,
@@ -199,7 +239,12 @@ def compile(source: Any, binding: dict, constraints: tuple[str, ...], target: st
             picked_up.append(time.perf_counter())
         (progress or _no_progress)(stage)
     try:
-        reply = w.compile(request, report) if w else handle(request, report)
+        while True:
+            try:
+                reply = w.compile(request, report) if w else handle(request, report)
+                break
+            except _Retired:  # another thread's cache hit ended it just before
+                w = worker()
     finally:
         if source.kind == "torch" and not (w and w.crashed):  # the exporter's saved program (after a crash: the reproducer)
             os.unlink(source.payload)

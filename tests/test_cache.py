@@ -230,3 +230,82 @@ def test_a_kernel_is_named_by_its_structure():
     mod = llvm.parse_assembly(text)
     mod.verify()
     assert [f.name for f in mod.functions if not f.is_declaration] == [symbol]
+
+
+def test_with_a_cache_the_worker_loads_during_the_export_and_a_hit_ends_the_one_it_started(tmp_path, monkeypatch):
+    """With DISC_CACHE_DIR the worker still starts (MLIR, LLVM and the importer loading) while the
+    frontend exports, so a miss does not wait for it after the export; a hit ends the worker its
+    own call started (a process whose compilations all hit keeps none), and keeps one that was
+    already running."""
+    import numpy as np
+
+    import disc_stablehlo as disc
+    from disc_stablehlo import worker
+
+    frontends = __import__("disc_stablehlo.import", fromlist=["export"])
+    events, prepare, export = [], worker.prepare, frontends.export
+
+    def prepared(modules):
+        events.append("prepare")
+        started = prepare(modules)
+        events.append(started)
+        return started
+
+    def exported(*args, **kwargs):
+        events.append("export")
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "prepare", prepared)
+    monkeypatch.setattr(frontends, "export", exported)
+    monkeypatch.setenv("DISC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(worker, "_worker", None)  # this test's own workers (the suite's is restored after)
+    text = """func.func @main(%x: tensor<?x8xf32>) -> tensor<?x8xf32> {
+      %0 = stablehlo.sine %x : tensor<?x8xf32>
+      return %0 : tensor<?x8xf32> }"""
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+    first = disc.compile(text)  # a miss: compiled by the worker started before the export
+    started = events[1]
+    assert events[0] == "prepare" and events[2] == "export" and started is not None
+    assert first.compile_count == 1 and worker._worker is started and started.used
+    assert disc.compile(text).compile_count == 0 and worker._worker is started  # a hit: the running worker stays
+    events.clear()
+    monkeypatch.setattr(worker, "_worker", None)  # as a fresh process: its call starts a worker, and the cache answers
+    again = disc.compile(text)
+    ended = events[1]
+    assert again.compile_count == 0 and ended is not None and worker._worker is None
+    assert ended.retired and ended.proc.poll() is not None
+    np.testing.assert_allclose(again(x), np.sin(x), rtol=1e-6)
+    started.close()
+
+
+def test_a_pytorch_model_exported_again_has_the_same_request_key():
+    """The request key of a PyTorch model (its saved program) is the same for every export of the
+    same model, so a later process finds its artifact without the worker: torch names the
+    archive's folder after the (temporary) file, draws a serialization id per save and records ids
+    of its graph objects as provenance, and the held-back weights' stand-ins are saved with their
+    one element. New weights give another key."""
+    import dataclasses
+
+    import torch
+
+    from disc_stablehlo import cache
+    from disc_stablehlo.compiler import _digest
+
+    frontends = __import__("disc_stablehlo.import", fromlist=["export"])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.GELU()).eval()
+    x = torch.randn(3, 64)
+    dims = {"input": {0: torch.export.Dim("b", max=64)}}
+
+    def key() -> str:
+        source, binding = frontends.export(model, (x,), dynamic_shapes=dims)
+        try:
+            source = dataclasses.replace(source, weights_digest=_digest(source.weights))  # as compile_source does with a cache
+            return cache.source_key(source, binding.to_json(), (), "x86", True)
+        finally:
+            os.unlink(source.payload)
+    first = key()
+    assert key() == first
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+    assert key() != first

@@ -607,7 +607,7 @@ def _hold_back_weights(ep: Any) -> tuple[Any, tuple[str, ...], tuple[np.ndarray,
                 continue
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, tuple(t.shape), t.stride())
             if key not in stand_ins:
-                stand_in = torch.empty(1, dtype=t.dtype).expand(t.shape)
+                stand_in = torch.zeros(1, dtype=t.dtype).expand(t.shape)  # (its byte is saved: the same in every process)
                 stand_ins[key] = torch.nn.Parameter(stand_in, requires_grad=False) if isinstance(t, torch.nn.Parameter) else stand_in
                 names.append(name)
                 arrays.append(_numpy(t))
@@ -852,6 +852,8 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
                                       + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
+    for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
+        node.meta.pop("from_node", None)
     ep, held_back, weights = _hold_back_weights(ep)
     fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
     os.close(fd)
@@ -1240,10 +1242,10 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     from ..errors import DiscError
 
     def forward_compiler(graph: Any, inputs: list) -> Any:
-        worker.prepare(_IMPORTER_MODULES)
+        started = worker.prepare(_IMPORTER_MODULES)
         try:
             source, assemble = _from_fx_graph(graph, inputs)
-            compiled = compile_source(source, Binding())
+            compiled = compile_source(source, Binding(), prepared=started)
         except DiscError as e:
             warnings.warn(f"disc_stablehlo: a captured graph runs in PyTorch: it holds {_failing_op(e)}, which could not be "
                           f"compiled ({type(e).__name__}: {str(e).splitlines()[0][:300]})", stacklevel=2)
