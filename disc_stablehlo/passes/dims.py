@@ -10,8 +10,6 @@ the lowering makes is there."""
 
 from __future__ import annotations
 
-import math
-
 from torch_mlir import ir
 
 from ..bounded_dynamism.analysis import ShapeAnalysis
@@ -67,39 +65,3 @@ def unify_argument_dims(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
         op.erase()
         replaced += 1
     return replaced
-
-
-def _divisor(d, facts) -> int:
-    """The largest known divisor of a dim: gcd over its terms of coefficient times the known
-    divisors of the variables in the term."""
-    g = 0
-    for mono, coeff in d.terms.items():
-        term = abs(coeff)
-        for v in mono:
-            term *= facts.divisor.get(v, 1)
-        g = math.gcd(g, term)
-    return g
-
-
-def expose_divisibility(entry: ir.Operation, shapes: ShapeAnalysis) -> int:
-    """Reads of argument dims that the facts prove divisible by a power of two p (`mod(s, 8) ==
-    0`, a dim `16*k`; the guard checked it before any kernel runs) become `dim & -p`: the same
-    value, whose low zero bits LLVM now sees, so loops over it need no remainder iterations
-    after their vector body. Returns how many reads changed."""
-    changed = 0
-    for op, a, i in _argument_dim_reads(entry, shapes):
-        d = shapes.facts.canon(shapes.args[a][1][i])
-        g = _divisor(d, shapes.facts)
-        p = g & -g
-        if d.constant is not None or p < 2:
-            continue
-        with ir.InsertionPoint.after(op), op.location:
-            masked = create_value("arith.andi", [op.result, index_constant(-p)], op.result.type)
-        tag_facts(operation(masked.owner), [f"{d} divisible by {p}"])
-        for use in list(op.result.uses):
-            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
-            if owner != masked.owner:
-                owner.operands[use.operand_number] = masked
-        shapes.uses.append(f"{shapes.args[a][0]} dim {i} ({d}) is divisible by {p}: loops over it see it")
-        changed += 1
-    return changed

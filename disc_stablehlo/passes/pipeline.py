@@ -24,7 +24,7 @@ from .convolution import reverse_kernels
 from .top_k import protect_top_k
 from .constants import fold_constant_converts
 from .buffers import check_allocation_sizes, free_after_last_use, plan_arena, reuse_equal_buffers
-from .dims import argument_dim_sources, expose_divisibility, unify_argument_dims
+from .dims import argument_dim_sources, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, flatten_contiguous_loops, fuse_loops,
@@ -162,7 +162,6 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         run_pipeline(module, f"builtin.module({TO_LOOPS})", "linalg to loops")
         unify_argument_dims(_function(module, entry_name), shapes)
         emit_contract_checks(module, _function(module, entry_name), shapes)  # reads the dims unify_argument_dims merged
-        expose_divisibility(_function(module, entry_name), shapes)
         run_pipeline(module, "builtin.module(canonicalize, cse)", "dims clean-up")
         # 9. loops over the same rows fuse, and run behind the library call (GEMM, convolution)
         #    whose rows they consume; rows are what the thread pool splits (CPU: GPU kernels map
