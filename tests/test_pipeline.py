@@ -457,6 +457,22 @@ def test_unoptimised_host_code_gets_the_quick_code_generator():
     assert codegen.codegen_level(llvm.parse_assembly("declare void @k()\n")) == 3
 
 
+def test_the_host_codes_part_gets_the_quick_code_generator():
+    """Everything but the kernels (the entry, the guard, their C interfaces and the packed entry
+    points artifacts are called through) is straight-line code left unoptimised, so the host
+    code's part of the compilation is generated at level 0."""
+    import llvmlite.binding as llvm
+
+    from disc_stablehlo.targets import codegen
+    from disc_stablehlo.targets.x86 import _classic_float_literals
+
+    f = _compile_two_layers()
+    functions = codegen.Functions(_classic_float_literals(f.llvm_ir))
+    host = functions.text(frozenset(k.name for k in f.kernels))
+    assert "define void @disc_call_entry(" in host
+    assert codegen.codegen_level(llvm.parse_assembly(host)) == 0
+
+
 def test_long_blocks_of_host_code_are_cut_for_instruction_selection():
     """Host code LLVM does not optimise comes in blocks of at most HOST_BLOCK_OPS ops (LLVM's
     instruction selection is quadratic in a block's length: EfficientNetV2-S's entry block of 7500
@@ -490,7 +506,7 @@ def test_the_other_parts_functions_are_declarations():
             "define void @main() {\n  call void @k1(ptr null, i64 0)\n  call void @k2(ptr null, i64 1)\n  ret void\n}\n"
             "attributes #0 = { noinline }\n")
     functions = codegen.Functions(text)
-    assert functions.sizes() == {"k1": 4, "k2": 3, "main": 5}  # local functions are in every part
+    assert {name: text.count("\n") for name, text in functions.definitions.items()} == {"k1": 4, "k2": 3, "main": 5}  # local functions are in every part
     out = functions.text(frozenset({"k1", "main"}))
     mod = llvm.parse_assembly(out)
     mod.verify()

@@ -340,8 +340,7 @@ def flatten_contiguous_loops(module: ir.Module, entry: ir.Operation, sources: li
     number of loops changed."""
     same = functools.partial(_same_dim, entry.regions[0].blocks[0], sources)
     changed = 0
-    for loop in [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results and not _in_parallel(op)
-                 and EPILOGUE_ATTR not in op.attributes]:
+    for loop in _top_loops(module):
         first = _contiguous_suffix(loop, same)
         if first is not None:
             _merge_trailing(loop, first)
@@ -574,8 +573,8 @@ WIDE_BLOCKS, WIDE_VECTORS, WIDE_BYTES = 4, 64, 10 << 20
 
 
 def _top_loops(module: ir.Module) -> list[ir.Operation]:
-    """The outermost parallel loops that may be generated in versions (an epilogue loop runs
-    behind its GEMM call and stays next to it)."""
+    """The outermost parallel loops that may be flattened or generated in versions (an epilogue
+    loop runs behind its GEMM call and stays next to it)."""
     return [op for op in walk(module.operation) if op.name == "scf.parallel" and not op.results
             and not _in_parallel(op) and EPILOGUE_ATTR not in op.attributes]
 

@@ -145,6 +145,7 @@ class Functions:
 
     def __init__(self, llvm_ir: str) -> None:
         self.pieces: list[tuple[str | None, str, str]] = []  # (function or None, its text, its declaration)
+        self.definitions: dict[str, str] = {}  # (not local) function -> its definition
         done = 0
         for m in _DEFINE.finditer(llvm_ir):
             header_end = llvm_ir.index("\n", m.start())
@@ -154,12 +155,9 @@ class Functions:
             end = llvm_ir.index("\n}\n", header_end) + 3
             declaration = "declare" + header.removeprefix("define").rstrip().removesuffix("{") + "\n"
             self.pieces += [(None, llvm_ir[done:m.start()], ""), (m.group(1), llvm_ir[m.start():end], declaration)]
+            self.definitions[m.group(1)] = llvm_ir[m.start():end]
             done = end
         self.pieces.append((None, llvm_ir[done:], ""))
-
-    def sizes(self) -> dict[str, int]:
-        """Lines of each function."""
-        return {name: text.count("\n") for name, text, _ in self.pieces if name is not None}
 
     def text(self, elsewhere: frozenset[str]) -> str:
         return "".join(declaration if name in elsewhere else text for name, text, declaration in self.pieces)
@@ -195,7 +193,7 @@ class Functions:
         metadata numbered in the order they appear and itself named `__disc_k_<digest of that
         text>`: a kernel of the same structure has the same symbol and text in any module."""
         items, named = self._items
-        body = next(text for n, text, _ in self.pieces if n == name).rstrip("\n")
+        body = self.definitions[name].rstrip("\n")
         found: dict[str, str] = {}
         todo = [body, *named]
         while todo:
@@ -327,10 +325,12 @@ class KernelCache:
                 self.memory.move_to_end(key)
                 return self.memory[key]
         path = self._path(key)
+        if path is None:
+            return None
         try:
-            with open(path, "rb") as f:  # (None: TypeError)
+            with open(path, "rb") as f:
                 data = f.read()
-        except (OSError, TypeError):
+        except OSError:
             return None
         if len(data) < 33 or hashlib.sha256(data[33:]).digest() != data[:32]:
             return None
@@ -372,7 +372,7 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str], salt: bytes) -> t
     objects (`Functions.kernel`), which the link is to define the kernel's name as. `salt`: see
     `KernelCache.key`."""
     functions = Functions(llvm_ir)
-    defined = [k for k in dict.fromkeys(kernels) if k in functions.sizes()]
+    defined = [k for k in dict.fromkeys(kernels) if k in functions.definitions]
     symbols = {k: functions.kernel(k) for k in defined}
     texts = dict(symbols.values())  # symbol -> text: kernels of one structure compile once
     keys = {symbol: KernelCache.key(salt, spec, text) for symbol, text in texts.items()}
