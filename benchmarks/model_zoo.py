@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: 55 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 63 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -57,6 +57,22 @@ TEXT = {
     "modernbert": lambda T: T.ModernBertModel(T.ModernBertConfig(global_attn_every_n_layers=2, local_attention=16, **_SMALL,
                                                                  vocab_size=VOCAB, pad_token_id=0)),
     "phi3": lambda T: T.Phi3Model(T.Phi3Config(num_key_value_heads=2, **_DECODER)),
+    # mixture of experts: tokens sorted by expert and counted by histc, grouped GEMMs over the offsets (the RAL's)
+    "mixtral": lambda T: T.MixtralModel(T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **_DECODER)),
+    "qwen2_moe": lambda T: T.Qwen2MoeModel(T.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                                            shared_expert_intermediate_size=64, **_DECODER)),
+    "qwen3_moe": lambda T: T.Qwen3MoeModel(T.Qwen3MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                                            head_dim=8, **_DECODER)),
+    "olmoe": lambda T: T.OlmoeModel(T.OlmoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, **_DECODER)),
+    "phimoe": lambda T: T.PhimoeModel(T.PhimoeConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **_DECODER)),
+    "granitemoe": lambda T: T.GraniteMoeModel(T.GraniteMoeConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                                                                 **_DECODER)),
+    "deepseek_v3": lambda T: T.DeepseekV3Model(T.DeepseekV3Config(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                                                                  moe_intermediate_size=48, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                                                  q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                                                  v_head_dim=8, **_DECODER)),
+    "gpt_oss": lambda T: T.GptOssModel(T.GptOssConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                                                      sliding_window=16, **_DECODER)),
     "starcoder2": lambda T: T.Starcoder2Model(T.Starcoder2Config(num_key_value_heads=2, **_DECODER)),
     "olmo": lambda T: T.OlmoModel(T.OlmoConfig(num_key_value_heads=2, **_DECODER)),
     "stablelm": lambda T: T.StableLmModel(T.StableLmConfig(num_key_value_heads=2, **_DECODER)),

@@ -12,6 +12,9 @@ DIALECTS_LEFT_TO_UPSTREAM = ("stablehlo.", "chlo.")
 
 # our own custom call for chlo.top_k (passes/top_k.py), `k` in this attribute
 TOP_K_TARGET, TOP_K_ATTR = "disc.top_k", "disc.k"
+# the grouped GEMM of mixture-of-experts layers (PyTorch's, import/torch_ops.py): (input [S, K],
+# weights [G, K, N], i64 offsets [G]) -> [S, N]; passes/library_calls.py calls the RAL's
+GROUPED_GEMM_TARGET = "disc.grouped_gemm"
 
 # JAX's LAPACK custom calls on the CPU (`lapack_<s|d|c|z><routine>_ffi`): passes/lapack.py lowers
 # them to the RAL's disc_ral_lapack; the routine's code there, by its real and complex names

@@ -313,6 +313,15 @@ class ResizeToSymbolicSizes(torch.nn.Module):
                 F.interpolate(x, size=like.shape[-2:], mode="nearest"))
 
 
+class ClampByTensors(torch.nn.Module):
+    """`torch.clamp` with bounds that are tensors broadcast against the operand (PhiMoE's router
+    clamps each row's scores by a bound of its own), a lower bound alone, and bounds that cross."""
+
+    def forward(self, x, lo):
+        row = x.amax(-1, keepdim=True) - 1
+        return torch.clamp(x, min=row), torch.clamp(x, min=lo), torch.clamp(x, min=lo, max=row), torch.clamp(x, max=lo[:1])
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -356,6 +365,7 @@ MODELS = [
     ("resize_to_symbolic_sizes", ResizeToSymbolicSizes, lambda b, s: (torch.randn(b, 3, s + 2, s + 3), torch.randn(1, 1, 2 * s + 1, s + 7)),
      {"x": {0: B, 2: Dim("h", min=3, max=64), 3: Dim("w", min=4, max=64)},
       "like": {2: Dim("H", min=3, max=128), 3: Dim("W", min=8, max=128)}}),
+    ("clamp_by_tensors", ClampByTensors, lambda b, s: (torch.randn(b, s), torch.randn(s)), {"x": {0: B, 1: S}, "lo": {0: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
 ]
@@ -482,6 +492,61 @@ def test_histograms_count_like_pytorch():
             torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
 
 
+class GroupedLinear(torch.nn.Module):
+    """The grouped GEMM of transformers' mixture-of-experts layers over offsets the caller gives:
+    `transformers::grouped_mm_fallback` (float32), with the experts' weights as transformers keeps
+    them ([experts, out, in], read transposed) or not; or `torch.nn.functional.grouped_mm`
+    (`aten._grouped_mm`, bfloat16)."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+        shape = (3, 16, 8) if form == "plain" else (3, 8, 16)
+        self.w = torch.nn.Parameter(torch.randn(shape).to(torch.bfloat16 if form == "bf16" else torch.float32))
+
+    def forward(self, x, offs):
+        if self.form == "bf16":
+            return torch.nn.functional.grouped_mm(x, self.w.transpose(-2, -1), offs=offs)
+        w = self.w if self.form == "plain" else self.w.transpose(-2, -1)
+        return torch.ops.transformers.grouped_mm_fallback(x, w, offs)
+
+
+@pytest.mark.parametrize("form", ["plain", "transposed", "bf16"])
+def test_the_grouped_gemm_of_mixture_of_experts_layers_runs_on_the_ral(form):
+    """Each group's rows times its weights (`disc_ral_grouped_gemm_f32`, the weights read through
+    their transpose, no copy), empty groups, rows past the last offset zero (transformers' own
+    fallback zeroes them too; torch's bfloat16 kernel leaves them unset, so those are compared
+    where it writes), over a dynamic number of rows; offsets that decrease or pass the rows fail
+    the call with the offending offset named, before anything is written; for GPUs a clear error."""
+    pytest.importorskip("transformers.integrations.moe", reason="transformers registers its grouped GEMM there")
+    model = GroupedLinear(form).eval()
+    dtype = torch.bfloat16 if form == "bf16" else torch.float32
+    rows = Dim("rows", min=1)
+    compiled = disc.compile(model, (torch.randn(6, 16, dtype=dtype), torch.tensor([2, 2, 6], dtype=torch.int32)),
+                            dynamic_shapes={"x": {0: rows}, "offs": None})
+    text = compiled.llvm_ir
+    assert "disc_ral_grouped_gemm_f32" in text and "disc_ral_gemm_f32" not in text
+    if form != "bf16":  # the one loop widens the offsets to i64: the weights are not copied
+        assert [k.ops for k in compiled.kernels] == [("arith.extsi",)], compiled.kernels
+    g = torch.Generator().manual_seed(3)
+    for n, offs in [(6, [2, 2, 6]), (1, [0, 1, 1]), (9, [0, 4, 6]), (5, [0, 0, 0]), (13, [13, 13, 13])]:
+        x = torch.randn(n, 16, generator=g).to(dtype)
+        offs = torch.tensor(offs, dtype=torch.int32)
+        with torch.no_grad():
+            got, want = compiled(x, offs), model(x, offs)
+        written = int(offs[-1]) if form == "bf16" else n
+        torch.testing.assert_close(got[:written], want[:written], rtol=2e-2 if form == "bf16" else 1e-5, atol=0.1 if form == "bf16" else 1e-5)
+        assert not got[written:].any()
+    for n, offs, message in [(6, [3, 2, 6], "offset 1 is 2, after 3"), (6, [2, 4, 7], "offset 2 is 7, after 4.*input's 6 rows"),
+                             (4, [-1, 2, 4], "offset 0 is -1, after 0")]:
+        with pytest.raises(disc.RuntimeFailure, match=message):
+            compiled(torch.randn(n, 16).to(dtype), torch.tensor(offs, dtype=torch.int32))
+    if form == "plain":
+        with pytest.raises(disc.UnsupportedOpError, match="grouped GEMM of mixture-of-experts layers is compiled for CPUs only"):
+            disc.compile(model, (torch.randn(6, 16), torch.tensor([2, 2, 6], dtype=torch.int32)),
+                         dynamic_shapes={"x": {0: rows}, "offs": None}, target="cuda:sm_90")
+
+
 @torch.library.custom_op("disc_test::scaled_rows", mutates_args=())
 def _scaled_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * scale
@@ -493,8 +558,8 @@ def _(x, scale):
 
 
 class LibraryOp(torch.nn.Module):
-    """A layer that calls an operator its library defines (as transformers' mixture-of-experts
-    layers call `transformers::grouped_mm_fallback`)."""
+    """A layer that calls an operator its library defines (as torchvision's detection models call
+    `torchvision::nms`)."""
 
     def __init__(self):
         super().__init__()

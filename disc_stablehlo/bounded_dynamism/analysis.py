@@ -23,7 +23,7 @@ from .. import mlir_support  # noqa: F401  (first: loads torch-mlir's native mod
 from torch_mlir import ir
 
 from ..mlir_support import call_target, create_value, index_constant, int_list, location_text, operation, tag_facts
-from ..ops import ELEMENTWISE, TOP_K_ATTR, TOP_K_TARGET, lapack_result_dims, lapack_routine
+from ..ops import ELEMENTWISE, GROUPED_GEMM_TARGET, TOP_K_ATTR, TOP_K_TARGET, lapack_result_dims, lapack_routine
 from .signature import Signature
 from .symbolic import Dim
 
@@ -694,11 +694,14 @@ def _reduce_window(w: _Walker, op: ir.Operation):
 @_rule("stablehlo.custom_call")
 def _custom_call(w: _Walker, op: ir.Operation):
     """JAX's stablehlo.dynamic_reduce_window (window parameters are operands), its LAPACK calls
-    (the dims the routine gives its results) and our top_k (the operand's dims, the last one k)."""
+    (the dims the routine gives its results), our top_k (the operand's dims, the last one k) and
+    our grouped GEMM (the input's rows, the weights' columns)."""
     target = call_target(op)
     if target == TOP_K_TARGET:
         out = w.of(op.operands[0])[:-1] + [Dim.const(ir.IntegerAttr(op.attributes[TOP_K_ATTR]).value)]
         return [out, out]
+    if target == GROUPED_GEMM_TARGET:
+        return [[w.of(op.operands[0])[0], w.of(op.operands[1])[2]]]
     if (lapack := lapack_routine(target)) is not None:
         return _lapack_call(w, op, *lapack)
     if target != "stablehlo.dynamic_reduce_window":

@@ -6,6 +6,7 @@ checked constraints, and its symbols name the dims."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import re
@@ -256,6 +257,50 @@ def _histc(x: Any, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # n
     return flat.new_zeros(bins).index_add(0, at, inside.to(flat.dtype))
 
 
+def _clamp_tensor(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 (torch's names)
+    """`torch.clamp` with tensor bounds as a maximum and a minimum, which broadcast: torch-mlir's
+    own lowering gives `stablehlo.clamp` bounds of another shape than the operand, which it refuses
+    (PhiMoE's router clamps its scores by a per-row bound)."""
+    import torch
+
+    if min is not None:
+        x = torch.maximum(x, min)
+    return x if max is None else torch.minimum(x, max)
+
+
+@functools.cache
+def grouped_mm_op() -> Any:
+    """`disc::grouped_mm(input (S, K), weight (G, K, N), offs (G,)) -> (S, N)`: the grouped GEMM of
+    mixture-of-experts layers, rows [offs[g - 1], offs[g]) of `input` times `weight[g]` (from row 0
+    for g = 0), the rows from offs[G - 1] on zeros. transformers' `grouped_mm_fallback` and ATen's
+    `_grouped_mm` with offsets are decomposed into it, and the compiler gives it to the RAL
+    (torch_ops.py). Declared with no kernel (nothing runs it in PyTorch), in the caller before the
+    decomposition and in the compiler worker before it loads the program."""
+    import torch
+
+    torch.library.define("disc::grouped_mm", "(Tensor input, Tensor weight, Tensor offs) -> Tensor")
+
+    @torch.library.register_fake("disc::grouped_mm")
+    def _(x: Any, weight: Any, offs: Any) -> Any:
+        return x.new_empty(x.shape[0], weight.shape[2])
+    return torch.ops.disc.grouped_mm.default
+
+
+def _grouped_mm_fallback(x: Any, weight: Any, offs: Any) -> Any:
+    """transformers' `grouped_mm_fallback` (its mixture-of-experts layers, float32 weights)."""
+    return grouped_mm_op()(x, weight, offs)
+
+
+def _aten_grouped_mm(x: Any, weight: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None) -> Any:
+    """ATen's `_grouped_mm` (`torch.nn.functional.grouped_mm`) in its mixture-of-experts form: a
+    2-d input, 3-d weights and offsets, without bias, in the operands' dtype."""
+    if offs is None or x.dim() != 2 or weight.dim() != 3 or bias is not None or out_dtype not in (None, x.dtype):
+        raise UnsupportedOpError(f"aten._grouped_mm is compiled for a 2-d input, 3-d weights and offsets, without bias or "
+                                 f"another output dtype (got input {x.dim()}-d, weight {weight.dim()}-d, "
+                                 f"offs {'none' if offs is None else 'given'}, bias {'given' if bias is not None else 'none'})")
+    return grouped_mm_op()(x, weight, offs)
+
+
 def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
                    sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
                    padding_idx: int | None = None) -> Any:
@@ -482,7 +527,8 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners, histograms)."""
+    sizes, embedding bags, bilinear upsampling with aligned corners, histograms, clamps by tensors, the grouped
+    GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -501,6 +547,11 @@ def _decompositions() -> dict:
         table[op.vec] = _upsample_nearest
     table[torch.ops.aten.constant_pad_nd.default] = _constant_pad
     table[torch.ops.aten.histc.default] = _histc
+    table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
+    table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    grouped_mm_op()
+    if hasattr(torch.ops.transformers, "grouped_mm_fallback"):  # registered once transformers' MoE layers are imported
+        table[torch.ops.transformers.grouped_mm_fallback.default] = _grouped_mm_fallback
     for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
         table[op] = _embedding_bag
     table[torch.ops.aten.upsample_bilinear2d.vec] = _upsample_bilinear(table.get(torch.ops.aten.upsample_bilinear2d.vec))
@@ -869,14 +920,15 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
 
 
 def _refuse_foreign_ops(ep: Any) -> None:
-    """Operators a library defines for itself (`torch.library`: transformers' grouped GEMM for
-    mixture-of-experts layers, torchvision's detection ops) have no conversion to StableHLO, and
-    the compiler's process, which imports neither library, could not even load the program."""
+    """Operators a library defines for itself (`torch.library`: torchvision's detection ops) have
+    no conversion to StableHLO, and the compiler's process, which does not import the library,
+    could not even load the program. Ours (`disc::`) are known to it; transformers' grouped GEMM
+    was decomposed into ours."""
     import torch
 
     foreign: dict[str, str] = {}
     for node in ep.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims"):
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims", "disc"):
             frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip().startswith("File ")]
             foreign.setdefault(node.target._schema.name, frames[-1] if frames else "")
     if foreign:
@@ -1117,8 +1169,9 @@ def import_torch(source: Source) -> Imported:
     from torch_mlir.extras.fx_importer import FxImporter
 
     from ..bounded_dynamism.signature import signature_from_function
-    from .torch_ops import LEGAL_OPS, define_functions, rewrite_torch_ops, to_stablehlo
+    from .torch_ops import define_functions, lower_to_stablehlo
 
+    grouped_mm_op()  # the program may call it
     with _quick_load():
         ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
@@ -1131,10 +1184,9 @@ def import_torch(source: Source) -> Imported:
     hooks = _ParameterHooks({(ep.state_dict[name] if name in ep.state_dict else ep.constants[name]).data_ptr(): i
                               for i, name in enumerate(source.held_back)})
     try:
-        mlir = fx.export_and_import(ep, output_type="torch", decomposition_table={},  # decomposed by the caller
-                                    fx_importer=FxImporter(context=context, hooks=hooks), backend_legal_ops=LEGAL_OPS)
-        definitions = rewrite_torch_ops(mlir)
-        to_stablehlo(mlir)
+        mlir = fx.export_and_import(ep, output_type="raw", decomposition_table={},  # decomposed by the caller
+                                    fx_importer=FxImporter(context=context, hooks=hooks))
+        definitions = lower_to_stablehlo(mlir)
     except Exception as e:
         details = "".join(f"\n  {m}" for m in dict.fromkeys(diagnostics))
         raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {str(e).strip()}{details}") from None

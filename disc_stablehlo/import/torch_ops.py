@@ -1,6 +1,6 @@
 """ATen ops torch-mlir cannot lower to StableHLO for dynamic shapes, or lowers to slower forms,
-rewritten in its torch-dialect module (between the FX import and the StableHLO conversion) into
-calls of functions written here in StableHLO between `torch_c` casts:
+and our own operators, rewritten in its torch-dialect module (between the FX import and the
+StableHLO conversion) into calls of functions written here in StableHLO between `torch_c` casts:
 
 - `aten.cumsum`: a `dynamic_reduce_window` over the whole dim (torch-mlir's own lowering needs
   the dim static); compiled as a one-pass scan (passes/region_ops.py);
@@ -9,7 +9,10 @@ calls of functions written here in StableHLO between `torch_c` casts:
 - `aten.topk`: the k largest as JAX's `stablehlo.composite "chlo.top_k"` (a selection,
   passes/top_k.py), along the last dim (others transposed there); the k smallest a sort and a slice;
 - `aten.scatter_reduce` (sum, prod, amax, amin; which torch-mlir cannot convert): a
-  `stablehlo.scatter` with the reduction as its combiner.
+  `stablehlo.scatter` with the reduction as its combiner;
+- `disc::grouped_mm` (torch_frontend.grouped_mm_op: the grouped GEMM of mixture-of-experts
+  layers), a `torch.operator` torch-mlir's backend pipeline refuses, so rewritten before it: our
+  custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET).
 """
 
 from __future__ import annotations
@@ -280,21 +283,58 @@ class _Rewriter:
         self.replace(op, "scatter_reduce", [x, index, src], build)
 
 
-# torch-dialect op -> rewrite; aten.topk must be kept from torch-mlir's own decomposition (a sort)
+    def grouped_mm(self, op: Any) -> None:
+        """`disc::grouped_mm` (torch_frontend.grouped_mm_op): the custom call the compiler gives
+        the RAL's grouped GEMM (GROUPED_GEMM_TARGET), in f32 or f64 (other floats converted to
+        f32 and the result back), the offsets as i64."""
+        from ..ops import GROUPED_GEMM_TARGET
+
+        x, weight, offs = op.operands
+        (xshape, elem), (wshape, _), (oshape, oelem) = (_builtin(v.type) for v in (x, weight, offs))
+        rshape = _builtin(op.results[0].type)[0]
+        wide = elem if elem in ("f32", "f64") else "f32"
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            xv, wv, ov = (b(f"stablehlo.convert {v} : ({tensor_type(shape, e)}) -> {tensor_type(shape, to)}") if e != to else v
+                          for v, shape, e, to in ((args[0], xshape, elem, wide), (args[1], wshape, elem, wide), (args[2], oshape, oelem, "i64")))
+            y = b(f"stablehlo.custom_call @{GROUPED_GEMM_TARGET}({xv}, {wv}, {ov}) : ({tensor_type(xshape, wide)}, "
+                  f"{tensor_type(wshape, wide)}, {tensor_type(oshape, 'i64')}) -> {tensor_type(rshape, wide)}")
+            if wide != elem:
+                y = b(f"stablehlo.convert {y} : ({tensor_type(rshape, wide)}) -> {tensor_type(rshape, elem)}")
+            return [y], []
+        self.replace(op, "grouped_mm", [x, weight, offs], build)
+
+
+# operators of other libraries (`torch.operator`, by name) -> rewrite, before torch-mlir's backend
+# pipeline, which refuses them; torch-dialect op -> rewrite, after it (aten.topk must be kept from its
+# decomposition, a sort)
+OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm}
 REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
 LEGAL_OPS = ["aten.topk"]
 
 
-def rewrite_torch_ops(module: Any) -> list[str]:
-    """Applies `REWRITES` to every op of the torch-dialect module they name; returns the text of
-    the functions the new calls need (`define_functions`, once the module is StableHLO)."""
+def lower_to_stablehlo(module: Any) -> list[str]:
+    """The FX importer's raw torch-dialect module to StableHLO: `OPERATORS` rewritten, torch-mlir's
+    backend pipeline, `REWRITES`, then the StableHLO conversion (`to_stablehlo`). Returns the text of
+    the functions the new calls need (`define_functions`)."""
+    from torch_mlir import ir
+    from torch_mlir.compiler_utils import run_pipeline_with_repro_report
+
     from ..mlir_support import walk
 
     rewriter = _Rewriter(module)
     with module.context:
+        for op in [op for op in walk(module.operation) if op.name == "torch.operator"]:
+            name = ir.StringAttr(op.attributes["name"]).value
+            if name in OPERATORS:
+                OPERATORS[name](rewriter, op)
+    run_pipeline_with_repro_report(module, "builtin.module(func.func(torch-match-quantized-custom-ops), torchdynamo-export-to-torch-backend-"
+                                   f"pipeline{{backend-legal-ops={','.join(LEGAL_OPS)} extra-library=}})", "Lowering TorchFX IR -> Torch Backend IR")
+    with module.context:
         for op in [op for op in walk(module.operation) if op.name in REWRITES]:
             REWRITES[op.name](rewriter, op)
+    to_stablehlo(module)
     return rewriter.definitions
 
 

@@ -11,12 +11,13 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import reassociation
-from ..mlir_support import broadcast_like, create_value, int_list, walk
-from ..ops import ELEMENTWISE
-from .lower import LoweringState, Text, register_rewrite, register_template
+from ..errors import UnsupportedOpError
+from ..mlir_support import broadcast_like, call_target, create_value, describe, int_list, walk
+from ..ops import ELEMENTWISE, GROUPED_GEMM_TARGET
+from .lower import GPU_ATTR, LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = frozenset({"f32", "f64"})
-ELEMENT_BYTES = {"i32": 4, "f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
+ELEMENT_BYTES = {"i32": 4, "i64": 8, "f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
 STRIDED_RESULT_ATTR = "disc.strided_result"  # on a GEMM call that writes into a transposed result
 
 
@@ -538,3 +539,43 @@ def _integer_dot(op, t: Text, state: LoweringState):
     t.emit(f"linalg.yield {total} : {elem}")
     t.emit(f"}} -> {ty}")
     return [res]
+
+
+def _is_grouped_gemm(op: ir.Operation) -> bool:
+    return call_target(op) == GROUPED_GEMM_TARGET
+
+
+@register_template("stablehlo.custom_call", when=_is_grouped_gemm)
+def _grouped_gemm(op, t: Text, state: LoweringState):
+    """PyTorch's grouped GEMM of mixture-of-experts layers (import/torch_ops.py) as the RAL's
+    `disc_ral_grouped_gemm_<f32|f64>`, which checks the offsets; weights transposed in their last
+    two dims (transformers' experts keep them [G, N, K]) are read through the transpose."""
+    if GPU_ATTR in state.module.operation.attributes:
+        raise UnsupportedOpError(f"the grouped GEMM of mixture-of-experts layers is compiled for CPUs only so far: {describe(op)}")
+    v = op.operands[1]
+    transposed = not isinstance(v.owner, ir.Block) and v.owner.name == "stablehlo.transpose" and list(
+        ir.DenseI64ArrayAttr(v.owner.attributes["permutation"])) == [0, 2, 1]
+    if transposed:
+        op.operands[1] = v.owner.operands[0]
+    x_t, w_t, o_t, r_t = (ir.RankedTensorType(v.type) for v in (*op.operands, op.result))
+    elem = str(x_t.element_type)
+    rows, k = t.dims("%a0", x_t)
+    groups, wk, n = t.dims("%a1", w_t)
+    if transposed:
+        wk, n = n, wk
+    t.check(state, op, t(f"arith.cmpi ne, {k}, {wk} : index"), "the input has {0} columns, the weights {1} rows", k, wk)
+    counted = t.dim("%a2", o_t, 0)
+    t.check(state, op, t(f"arith.cmpi ne, {counted}, {groups} : index"), "{0} offsets for {1} groups of weights", counted, groups)
+    pointers = [pointer(t, *contiguous_buffer(t, f"%a{i}", v.type, e), e)[0]
+                for i, (v, e) in enumerate(zip(op.operands, (elem, elem, "i64")))]
+    mtype = _memref_type(r_t, elem)
+    out = t(f"memref.alloc({', '.join(d for d, dynamic in ((rows, r_t.is_dynamic_dim(0)), (n, r_t.is_dynamic_dim(1))) if dynamic)}) : {mtype}")
+    strides = [_product(t, [k, n]), *((t.const(1), k) if transposed else (n, t.const(1)))]
+    sizes = [t(f"arith.index_cast {d} : index to i64") for d in (rows, n, k, groups)]
+    strides = [t(f"arith.index_cast {d} : index to i64") for d in strides]
+    sig = "(i64, i64, i64, i64, !llvm.ptr, !llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()"
+    fn = f"disc_ral_grouped_gemm_{elem}"
+    args = sizes + pointers[:2] + strides + [pointers[2], pointer(t, out, mtype, elem)[0]]
+    t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
+    t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
+    return [t(f"bufferization.to_tensor {out} restrict writable : {mtype} to {r_t}")]

@@ -1065,6 +1065,38 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)
 DEFINE_GEMM(disc_ral_gemm_f64, double, 1)
 
+/* Offsets of a grouped GEMM that do not rise from 0 to at most `rows`: fails the call (nothing is
+ * computed: the offsets would have rows read and written out of bounds or twice). */
+static int grouped_offsets_invalid(const int64_t *offs, int64_t groups, int64_t rows) {
+  int64_t start = 0;
+  for (int64_t g = 0; g < groups; start = offs[g++]) {
+    if (offs[g] >= start && offs[g] <= rows) continue;
+    if (tls_context) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "grouped GEMM: offset %lld is %lld, after %lld; the offsets must not decrease and must be at most "
+               "the input's %lld rows", (long long)g, (long long)offs[g], (long long)start, (long long)rows);
+      context_raise(tls_context, RAL_ERR_INVALID_ARGUMENT, msg);
+    }
+    return 1;
+  }
+  return 0;
+}
+
+#define DEFINE_GROUPED_GEMM(NAME, T, GEMM)                                                          \
+  void NAME(int64_t rows, int64_t n, int64_t k, int64_t groups, const T *a, const T *b, int64_t sb_g, \
+            int64_t sb_k, int64_t sb_n, const int64_t *offs, T *c) {                                \
+    if (grouped_offsets_invalid(offs, groups, rows)) return;                                        \
+    int64_t start = 0;                                                                              \
+    for (int64_t g = 0; g < groups; start = offs[g++])                                              \
+      if (offs[g] > start)                                                                          \
+        GEMM(1, 1, offs[g] - start, n, k, a + start * k, 0, 0, 1, k, 1, b + g * sb_g, 0, 0, 1, sb_k, sb_n, \
+             c + start * n, 0, 0, n);                                                               \
+    if (rows > start) memset(c + start * n, 0, (size_t)((rows - start) * n) * sizeof(T));           \
+  }
+
+DEFINE_GROUPED_GEMM(disc_ral_grouped_gemm_f32, float, disc_ral_gemm_f32)
+DEFINE_GROUPED_GEMM(disc_ral_grouped_gemm_f64, double, disc_ral_gemm_f64)
+
 /* ------------------------------------------------------------------------------------------ */
 /* channels-first convolutions: GEMMs over blocks of patches that stay in cache                 */
 

@@ -863,6 +863,49 @@ static int conv_rejected(ral_runtime *rt, int64_t x_c, int64_t in_c, int64_t str
   return ok;
 }
 
+/* A: [7, 3]; B: 3 groups of [3, 4], given as [4, 3] (transposed); offsets {2, 2, 5}: group 0 takes
+ * rows 0-1, group 1 none, group 2 rows 2-4, rows 5-6 are zeros */
+static float grouped_a[7 * 3], grouped_bt[3 * 4 * 3], grouped_c[7 * 4];
+static int64_t grouped_offs[3];
+
+static void grouped_entry(void *args, void *results) {
+  (void)args, (void)results;
+  disc_ral_grouped_gemm_f32(7, 4, 3, 3, grouped_a, grouped_bt, 12, 1, 3, grouped_offs, grouped_c);
+  reached_after_failure = 1;
+}
+
+static void test_grouped_gemm(ral_runtime *rt, int have_blas) {
+  if (!have_blas && !sgemm_without_blas()) return;
+  for (int i = 0; i < 21; i++) grouped_a[i] = (float)(i % 5) - 2;
+  for (int i = 0; i < 36; i++) grouped_bt[i] = (float)(i % 7) * 0.25f;
+  const int64_t offsets[][3] = {{2, 2, 5}, {3, 2, 5}, {2, 4, 8}, {-1, 2, 5}};
+  const char *message[] = {"", "grouped GEMM: offset 1 is 2, after 3", "grouped GEMM: offset 2 is 8, after 4",
+                           "grouped GEMM: offset 0 is -1, after 0"};
+  for (int t = 0; t < 4; t++) {
+    ral_context *ctx;
+    CHECK(ral_context_create(rt, &ctx) == RAL_OK);
+    ral_context *prev = ral_context_enter(ctx);
+    memcpy(grouped_offs, offsets[t], sizeof grouped_offs);
+    for (int i = 0; i < 28; i++) grouped_c[i] = -7.0f; /* untouched where the call fails */
+    reached_after_failure = 0;
+    CHECK(ral_context_call(ctx, grouped_entry, NULL, NULL) == (t == 0 ? RAL_OK : RAL_ERR_INVALID_ARGUMENT));
+    CHECK(reached_after_failure == (t == 0));
+    CHECK(strncmp(ral_context_message(ctx), message[t], strlen(message[t])) == 0);
+    int ok = 1;
+    for (int r = 0; r < 7; r++) {
+      int g = r < 2 ? 0 : 2;
+      for (int j = 0; j < 4; j++) {
+        float ref = 0;
+        for (int k = 0; k < 3 && r < 5; k++) ref += grouped_a[r * 3 + k] * grouped_bt[g * 12 + j * 3 + k];
+        ok &= grouped_c[r * 4 + j] == (t == 0 ? ref : -7.0f);
+      }
+    }
+    CHECK(ok);
+    ral_context_enter(prev);
+    ral_context_destroy(ctx);
+  }
+}
+
 static void test_conv(ral_runtime *rt, int have_blas) {
   int have_sgemm = have_blas || sgemm_without_blas(); /* single precision only here */
   ral_context *ctx;
@@ -941,6 +984,7 @@ int main(int argc, char **argv) {
   test_gemm(rt, blas != NULL);
   test_lapack(rt, blas != NULL);
   test_conv(rt, blas != NULL);
+  test_grouped_gemm(rt, blas != NULL);
   test_small_gemm_kernel();
   test_packed_gemm_kernel();
   ral_runtime_destroy(rt);

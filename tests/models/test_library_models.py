@@ -1,5 +1,5 @@
 """Models from `transformers` (BERT, GPT-2, a LLaMA-style decoder with grouped-query attention,
-rotary embeddings and RMSNorm; Falcon and RoBERTa through `disc.compile` only, DINOv2 and ConvBERT
+rotary embeddings and RMSNorm; Falcon, RoBERTa and Mixtral (mixture of experts) through `disc.compile` only, DINOv2 and ConvBERT
 through the dynamo backend only) and `torchvision` (a ResNet, a ViT; a Swin through `disc.compile` only), at
 small configs with random weights: each compiled once with dynamic dims through `disc.compile`
 (torch.export) and through the dynamo backend, and checked against eager at three shapes
@@ -42,6 +42,10 @@ def _text(kind: str) -> torch.nn.Module:
     elif kind == "roberta":  # position ids: the cumulative sum of the padding mask, times the mask
         model = T.RobertaModel(T.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                                max_position_embeddings=130, **common))
+    elif kind == "mixtral":  # mixture of experts: tokens sorted by expert, counted by histc, grouped GEMMs over the offsets
+        model = T.MixtralModel(T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                               intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                               max_position_embeddings=128, use_cache=False, **common))
     else:  # LLaMA-style: GQA (4 query heads over 2 key/value heads), rotary positions, RMSNorm, SiLU-gated MLP
         model = T.LlamaModel(T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                            intermediate_size=64, max_position_embeddings=128, use_cache=False, **common))
@@ -85,7 +89,7 @@ def _check(compiled, model, inputs) -> None:
     torch.testing.assert_close(compiled(*inputs), want, **TOL)
 
 
-@pytest.mark.parametrize("kind", TEXT + ("falcon", "roberta"))
+@pytest.mark.parametrize("kind", TEXT + ("falcon", "roberta", "mixtral"))
 def test_text_model_compiled_once(kind):
     torch.manual_seed(0)
     model = _text(kind)
@@ -95,6 +99,7 @@ def test_text_model_compiled_once(kind):
         _check(compiled, model, _text_inputs(bb, ss, i))
     assert compiled.compile_count == 1
     assert compiled.signature.args[0].shape == ("batch", "seq")
+    assert ("disc_ral_grouped_gemm_f32" in compiled.llvm_ir) == (kind == "mixtral")
     with pytest.raises(disc.ShapeError, match="seq"):
         compiled(*_text_inputs(1, 129, 0))  # past the position table: rejected before any kernel runs
 

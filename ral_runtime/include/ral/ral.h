@@ -194,6 +194,16 @@ void disc_ral_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, int64
                        int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b, int64_t sc_i,
                        int64_t ldc);
 
+/* The grouped GEMM of mixture-of-experts layers: rows [offs[g - 1], offs[g]) of A ([rows, k],
+ * contiguous; from row 0 for g = 0) times B's group g ([groups, k, n] at strides (sb_g, sb_k,
+ * sb_n)) into the same rows of C ([rows, n], contiguous), each group's product by
+ * disc_ral_gemm_f32 / _f64; C's rows from offs[groups - 1] on are zeros. Offsets that decrease or
+ * pass `rows` fail the call with RAL_ERR_INVALID_ARGUMENT before anything is written. */
+void disc_ral_grouped_gemm_f32(int64_t rows, int64_t n, int64_t k, int64_t groups, const float *a, const float *b, int64_t sb_g,
+                               int64_t sb_k, int64_t sb_n, const int64_t *offs, float *c);
+void disc_ral_grouped_gemm_f64(int64_t rows, int64_t n, int64_t k, int64_t groups, const double *a, const double *b, int64_t sb_g,
+                               int64_t sb_k, int64_t sb_n, const int64_t *offs, double *c);
+
 /* The same with an epilogue: a parallel loop body over the rows of a contiguous C ([0, rows),
  * rows == batch * inner * m) that reads C only in its own rows. When the product runs on the pool in
  * blocks of whole rows, at least 4 per thread (so the pool balances them: batched products such
