@@ -195,6 +195,43 @@ def test_gemms_run_through_cublas_on_device_buffers(fake_cuda, monkeypatch, tmp_
         np.testing.assert_allclose(f(q, k), np.einsum("bqhd,bkhd->bhqk", q, k), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("target, api", [("cuda:sm_90", "cuda"), ("rocm:gfx942", "hip")])
+def test_the_grouped_gemm_reads_its_offsets_back_and_runs_a_product_per_group(target, api, fake_cuda, fake_hip, monkeypatch, tmp_path):
+    """A mixture-of-experts layer's grouped GEMM (transformers' `grouped_mm_fallback`, the
+    experts' weights [G, N, K] read transposed) on the GPU: the offsets copied back to the host,
+    one BLAS product per group that has rows, the rows past the last offset zeroed on the device;
+    offsets that decrease fail the call before any product."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers.integrations.moe", reason="transformers registers its grouped GEMM there")
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 8, 16))
+
+        def forward(self, x, offs):
+            return torch.ops.transformers.grouped_mm_fallback(x, self.w.transpose(-2, -1), offs)
+
+    model = Experts().eval()
+    offs = torch.tensor([2, 2, 6])  # int64: the fake driver does not run kernels, so none may widen them
+    compiled = disc.compile(model, (torch.randn(6, 16), offs), dynamic_shapes={"x": {0: torch.export.Dim("rows")}, "offs": None},
+                            target=target)
+    assert not compiled.kernels
+    fake = fake_cuda if api == "cuda" else fake_hip
+    f, launches = _on_fake_gpu(compiled, fake, monkeypatch, tmp_path), Launches(fake)
+    for n, groups in [(6, [2, 2, 6]), (9, [0, 4, 6]), (3, [0, 0, 0])]:
+        x, offs = torch.randn(n, 16), torch.tensor(groups)
+        launches.reset()
+        with torch.no_grad():
+            torch.testing.assert_close(f(x, offs), model(x, offs))
+        assert launches.count("gemms") == sum(b > a for a, b in zip([0] + groups, groups))
+        assert launches.count("memsets") == (groups[-1] < n)
+    launches.reset()
+    with pytest.raises(disc.RuntimeFailure, match="grouped GEMM: offset 1 is 2, after 3"):
+        f(torch.randn(6, 16), torch.tensor([3, 2, 6]))
+    assert launches.count("gemms") == 0
+
+
 def test_constants_the_kernels_read_are_copied_to_the_device_once(fake_cuda, monkeypatch, tmp_path):
     """A constant array read by a kernel (and one only the host reads: a reshape's shape) in a
     module compiled for the GPU: the first call copies the kernel's constant to the device, later

@@ -931,7 +931,8 @@ def _cast(v: ir.Value, to: ir.Type) -> ir.Value:
 # the RAL entries the host code calls (the allocation hooks of MLIR's finalize-memref-to-llvm
 # among them) and their device versions
 _DEVICE_ENTRIES = {"_mlir_memref_to_llvm_alloc": "disc_ral_gpu_alloc", "_mlir_memref_to_llvm_free": "disc_ral_gpu_free",
-                   "disc_ral_gemm_f32": "disc_ral_gpu_gemm_f32", "disc_ral_gemm_f64": "disc_ral_gpu_gemm_f64"}
+                   "disc_ral_gemm_f32": "disc_ral_gpu_gemm_f32", "disc_ral_gemm_f64": "disc_ral_gpu_gemm_f64",
+                   "disc_ral_grouped_gemm_f32": "disc_ral_gpu_grouped_gemm_f32", "disc_ral_grouped_gemm_f64": "disc_ral_gpu_grouped_gemm_f64"}
 _HOST_ONLY = ("_mlir_memref_to_llvm_aligned_alloc", "disc_ral_conv_f32", "disc_ral_conv_f64", "memrefCopy")
 
 

@@ -11,10 +11,9 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import reassociation
-from ..errors import UnsupportedOpError
-from ..mlir_support import broadcast_like, call_target, create_value, describe, int_list, walk
+from ..mlir_support import broadcast_like, call_target, create_value, int_list, walk
 from ..ops import ELEMENTWISE, GROUPED_GEMM_TARGET
-from .lower import GPU_ATTR, LoweringState, Text, register_rewrite, register_template
+from .lower import LoweringState, Text, register_rewrite, register_template
 
 GEMM_ELEMENT_TYPES = frozenset({"f32", "f64"})
 ELEMENT_BYTES = {"i32": 4, "i64": 8, "f32": 4, "f64": 8, "complex<f32>": 8, "complex<f64>": 16}  # of the buffers library calls take
@@ -548,10 +547,9 @@ def _is_grouped_gemm(op: ir.Operation) -> bool:
 @register_template("stablehlo.custom_call", when=_is_grouped_gemm)
 def _grouped_gemm(op, t: Text, state: LoweringState):
     """PyTorch's grouped GEMM of mixture-of-experts layers (import/torch_ops.py) as the RAL's
-    `disc_ral_grouped_gemm_<f32|f64>`, which checks the offsets; weights transposed in their last
-    two dims (transformers' experts keep them [G, N, K]) are read through the transpose."""
-    if GPU_ATTR in state.module.operation.attributes:
-        raise UnsupportedOpError(f"the grouped GEMM of mixture-of-experts layers is compiled for CPUs only so far: {describe(op)}")
+    `disc_ral_grouped_gemm_<f32|f64>` (on a GPU its device version), which checks the offsets;
+    weights transposed in their last two dims (transformers' experts keep them [G, N, K]) are
+    read through the transpose."""
     v = op.operands[1]
     transposed = not isinstance(v.owner, ir.Block) and v.owner.name == "stablehlo.transpose" and list(
         ir.DenseI64ArrayAttr(v.owner.attributes["permutation"])) == [0, 2, 1]

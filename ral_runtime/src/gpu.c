@@ -1068,3 +1068,43 @@ static void gpu_gemm(const void *key, const char *name, int is_double, gemm_args
 
 DEFINE_GPU_GEMM(disc_ral_gpu_gemm_f32, float, 0)
 DEFINE_GPU_GEMM(disc_ral_gpu_gemm_f64, double, 1)
+
+/* The grouped GEMM on device pointers: the offsets copied to the host (waiting for the stream),
+ * checked, then one cuBLAS product per group, counted as the GEMM entry's; the rows past the last
+ * offset zeroed on the stream. */
+static void gpu_grouped_gemm(const void *key, const char *name, int is_double, int64_t rows, int64_t n, int64_t k, int64_t groups,
+                             const char *a, const char *b, int64_t sb_g, int64_t sb_k, int64_t sb_n, const int64_t *offs, char *c) {
+  ral_gpu *g;
+  ral_context *ctx = entry_context(name, &g);
+  if (!g || groups <= 0) return;
+  int64_t *host = ral_alloc(ctx, (size_t)groups * sizeof *host);
+  if (!host) return;
+  disc_ral_gpu_read(host, offs, groups * (int64_t)sizeof *host);
+  if (grouped_offsets_invalid(host, groups, rows)) return;
+  size_t elem = is_double ? sizeof(double) : sizeof(float);
+  int64_t start = 0;
+  for (int64_t e = 0; e < groups; start = host[e++])
+    if (host[e] > start)
+      gpu_gemm(key, name, is_double, (gemm_args){1, 1, host[e] - start, n, k, 0, 0, 1, k, 1, 0, 0, 1, sb_k, sb_n, 0, 0, n,
+                                                 a + start * k * (int64_t)elem, b + e * sb_g * (int64_t)elem,
+                                                 c + start * n * (int64_t)elem});
+  context_free(ctx, host);
+  if (rows > start && n > 0) {
+    CUresult r = memset_2d(g, (uintptr_t)(c + start * n * (int64_t)elem), (size_t)n * elem, 0, (size_t)n * elem,
+                           (size_t)(rows - start), ctx->stream);
+    if (r != CUDA_SUCCESS) {
+      fail(ctx, RAL_ERR_INTERNAL, g, r, "%s: %s", name, CALL(g, cuMemsetD2D8Async));
+      context_exit(ctx);
+    }
+  }
+}
+
+#define DEFINE_GPU_GROUPED_GEMM(NAME, T, GEMM, IS_DOUBLE)                                                              \
+  void NAME(int64_t rows, int64_t n, int64_t k, int64_t groups, const T *a, const T *b, int64_t sb_g, int64_t sb_k,    \
+            int64_t sb_n, const int64_t *offs, T *c) {                                                                \
+    gpu_grouped_gemm((const void *)GEMM, #NAME, IS_DOUBLE, rows, n, k, groups, (const char *)a, (const char *)b, sb_g, \
+                     sb_k, sb_n, offs, (char *)c);                                                                    \
+  }
+
+DEFINE_GPU_GROUPED_GEMM(disc_ral_gpu_grouped_gemm_f32, float, disc_ral_gpu_gemm_f32, 0)
+DEFINE_GPU_GROUPED_GEMM(disc_ral_gpu_grouped_gemm_f64, double, disc_ral_gpu_gemm_f64, 1)

@@ -1065,9 +1065,7 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
 DEFINE_GEMM(disc_ral_gemm_f32, float, 0)
 DEFINE_GEMM(disc_ral_gemm_f64, double, 1)
 
-/* Offsets of a grouped GEMM that do not rise from 0 to at most `rows`: fails the call (nothing is
- * computed: the offsets would have rows read and written out of bounds or twice). */
-static int grouped_offsets_invalid(const int64_t *offs, int64_t groups, int64_t rows) {
+int grouped_offsets_invalid(const int64_t *offs, int64_t groups, int64_t rows) {
   int64_t start = 0;
   for (int64_t g = 0; g < groups; start = offs[g++]) {
     if (offs[g] >= start && offs[g] <= rows) continue;

@@ -39,6 +39,10 @@ RAL_INTERNAL ral_context *current_context(void);
 RAL_INTERNAL void context_free(ral_context *ctx, void *ptr);
 /* Ends the current call after a failure where ral_context_call says it does (else returns). */
 RAL_INTERNAL void context_exit(ral_context *ctx);
+/* Offsets of a grouped GEMM (disc_ral_grouped_gemm_f32) that do not rise from 0 to at most `rows`:
+ * fails the current call, naming the offset, and ends it; returns 1 where it returns at all. Such
+ * offsets would have rows read and written out of bounds or twice, so nothing is computed. */
+RAL_INTERNAL int grouped_offsets_invalid(const int64_t *offs, int64_t groups, int64_t rows);
 /* Sets the message ral_runtime_create_error returns on this thread. */
 RAL_INTERNAL void runtime_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -363,6 +363,12 @@ void disc_ral_gpu_gemm_f64(int64_t batch, int64_t inner, int64_t m, int64_t n, i
                            int64_t sa_i, int64_t a_group, int64_t sa_m, int64_t sa_k, const double *b, int64_t sb_b,
                            int64_t sb_i, int64_t b_group, int64_t sb_k, int64_t sb_n, double *c, int64_t sc_b,
                            int64_t sc_i, int64_t ldc);
+/* disc_ral_grouped_gemm_f32 / _f64 (same arguments and meaning) on device pointers: the offsets
+ * read back to the host (the call waits for the stream) and checked, a cuBLAS product per group. */
+void disc_ral_gpu_grouped_gemm_f32(int64_t rows, int64_t n, int64_t k, int64_t groups, const float *a, const float *b,
+                                   int64_t sb_g, int64_t sb_k, int64_t sb_n, const int64_t *offs, float *c);
+void disc_ral_gpu_grouped_gemm_f64(int64_t rows, int64_t n, int64_t k, int64_t groups, const double *a, const double *b,
+                                   int64_t sb_g, int64_t sb_k, int64_t sb_n, const int64_t *offs, double *c);
 
 #ifdef __cplusplus
 }
