@@ -1,5 +1,6 @@
 """Real models from transformers and torchvision, random weights from their configs: BERT-base,
-GPT-2 small, a LLaMA-style 4-layer decoder, ViT-B/16 (dynamic batch: its position table fixes
+GPT-2 small, a LLaMA-style 4-layer decoder, a Mixtral-style 2-layer mixture-of-experts decoder
+(8 experts, 2 per token), ViT-B/16 (dynamic batch: its position table fixes
 the image size), ResNet-50 and MobileNetV3-Large. Per model, side by
 side in one process with the same threads and the same torch tensors as inputs:
 
@@ -14,7 +15,7 @@ one repetition to the next. Each peer has its own copy of the weights, so none r
 another has just brought into the cache. Writes benchmarks/models.json (a
 run of some models replaces their rows) and benchmarks/models.png.
 
-    python benchmarks/models.py [--models bert,gpt2,llama,vit,resnet50,mobilenet] [--reps 6]
+    python benchmarks/models.py [--models bert,gpt2,llama,mixtral,vit,resnet50,mobilenet] [--reps 6]
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def text_model(name: str):
         model = T.BertModel(T.BertConfig())
     elif name == "gpt2":
         model = T.GPT2Model(T.GPT2Config(use_cache=False))
+    elif name == "mixtral":  # mixture of experts: 8 experts a layer, 2 per token (grouped GEMMs over the tokens each expert takes)
+        model = T.MixtralModel(T.MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=1408, num_hidden_layers=2,
+                                               num_attention_heads=16, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
+                                               max_position_embeddings=2048, use_cache=False))
     else:
         model = T.LlamaModel(T.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                                            num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048, use_cache=False))
@@ -92,10 +97,10 @@ def vision_model(name: str):
     return model, inputs, [(1, 224), (4, 224), (2, 320)], (inputs(2, 224), {"x": dims})
 
 
-MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "vit": vision_model, "resnet50": vision_model,
-          "mobilenet": vision_model}
-LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "vit": "ViT-B/16", "resnet50": "ResNet-50",
-          "mobilenet": "MobileNetV3-L"}
+MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "mixtral": text_model, "vit": vision_model,
+          "resnet50": vision_model, "mobilenet": vision_model}
+LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "mixtral": "Mixtral-style MoE 2 layers",
+          "vit": "ViT-B/16", "resnet50": "ResNet-50", "mobilenet": "MobileNetV3-L"}
 
 
 def measure(name: str, reps: int) -> dict:

@@ -543,6 +543,18 @@ def test_the_grouped_gemm_of_mixture_of_experts_layers_runs_on_the_ral(form):
             compiled(torch.randn(n, 16).to(dtype), torch.tensor(offs, dtype=torch.int32))
 
 
+class BatchedGroupedMm(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.nn.functional.grouped_mm(a, b)
+
+
+def test_a_grouped_mm_without_offsets_is_refused_naming_what_is_compiled():
+    a, b = (torch.randn(3, 16, 16).bfloat16() for _ in range(2))
+    with pytest.raises(disc.UnsupportedOpError, match=r"aten._grouped_mm is compiled for a 2-d input, 3-d weights and offsets.*"
+                                                      r"got input 3-d, weight 3-d, offs none"):
+        disc.compile(BatchedGroupedMm(), (a, b))
+
+
 @torch.library.custom_op("disc_test::scaled_rows", mutates_args=())
 def _scaled_rows(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * scale

@@ -897,6 +897,8 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     _decomposable_forms(ep)
     try:
         ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
+    except UnsupportedOpError:
+        raise  # a form of an op our decompositions do not take
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
     _refuse_foreign_ops(ep)

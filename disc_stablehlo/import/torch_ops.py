@@ -282,7 +282,6 @@ class _Rewriter:
             return [b(f"stablehlo.select {reached}, {reduced}, {xv} : {tensor_type(shape, 'i1')}, {ty}")], []
         self.replace(op, "scatter_reduce", [x, index, src], build)
 
-
     def grouped_mm(self, op: Any) -> None:
         """`disc::grouped_mm` (torch_frontend.grouped_mm_op): the custom call the compiler gives
         the RAL's grouped GEMM (GROUPED_GEMM_TARGET), in f32 or f64 (other floats converted to
