@@ -322,6 +322,19 @@ class ClampByTensors(torch.nn.Module):
         return torch.clamp(x, min=row), torch.clamp(x, min=lo), torch.clamp(x, min=lo, max=row), torch.clamp(x, max=lo[:1])
 
 
+class LargerAndSmallerSizes(torch.nn.Module):
+    """Python's max / min of sizes (`torch.sym_max`, `torch.sym_min`): a table's last columns for
+    the sequence (MPT cuts its position bias so), and a scale that stops growing at 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.randn(4, 16))
+
+    def forward(self, x):
+        s = x.shape[1]
+        return x + self.table[:, max(0, 16 - s):][:, :s].sum(0), x * min(s, 3)
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -365,6 +378,7 @@ MODELS = [
     ("resize_to_symbolic_sizes", ResizeToSymbolicSizes, lambda b, s: (torch.randn(b, 3, s + 2, s + 3), torch.randn(1, 1, 2 * s + 1, s + 7)),
      {"x": {0: B, 2: Dim("h", min=3, max=64), 3: Dim("w", min=4, max=64)},
       "like": {2: Dim("H", min=3, max=128), 3: Dim("W", min=8, max=128)}}),
+    ("larger_and_smaller_sizes", LargerAndSmallerSizes, lambda b, s: (torch.randn(b, s + 1),), {"x": {0: B, 1: Dim("n", min=2, max=16)}}),
     ("clamp_by_tensors", ClampByTensors, lambda b, s: (torch.randn(b, s), torch.randn(s)), {"x": {0: B, 1: S}, "lo": {0: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),

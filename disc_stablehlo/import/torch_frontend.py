@@ -943,8 +943,10 @@ def _size_arithmetic(ep: Any) -> None:
     """Size arithmetic that torch.export cannot save or torch-mlir cannot import, as chains of the
     operators both take: `torch.sym_sum` (a sum of sizes, which tracing under dynamo writes:
     Swin's and DINOv2's patch grids) as additions, a size to a whole constant power as
-    multiplications, and a size modulo another (Swin's padding to whole windows; torch-mlir
-    imports `%` as `fmod`, which it cannot convert) as a - (a // b) * b."""
+    multiplications, a size modulo another (Swin's padding to whole windows; torch-mlir
+    imports `%` as `fmod`, which it cannot convert) as a - (a // b) * b, and the larger or
+    smaller of two sizes (`torch.sym_max`: MPT's position bias cut to the sequence) as TorchScript's
+    `prim::max.int` / `prim::min.int`, which torch-mlir converts."""
     import operator
 
     import torch
@@ -969,6 +971,8 @@ def _size_arithmetic(ep: Any) -> None:
             chain(node, operator.add, list(node.args[0]))
         elif node.target is operator.pow and isinstance(node.args[1], int) and 1 <= node.args[1] <= 8:
             chain(node, operator.mul, [node.args[0]] * node.args[1])
+        elif node.target in (torch.sym_max, torch.sym_min) and isinstance(value(node), torch.SymInt):
+            node.target = torch.ops.prim.max.int if node.target is torch.sym_max else torch.ops.prim.min.int
         elif node.target is operator.mod and isinstance(value(node), torch.SymInt):
             a, b = node.args
             with graph.inserting_before(node):
