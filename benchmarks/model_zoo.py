@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: 63 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 74 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -57,6 +57,17 @@ TEXT = {
     "modernbert": lambda T: T.ModernBertModel(T.ModernBertConfig(global_attn_every_n_layers=2, local_attention=16, **_SMALL,
                                                                  vocab_size=VOCAB, pad_token_id=0)),
     "phi3": lambda T: T.Phi3Model(T.Phi3Config(num_key_value_heads=2, **_DECODER)),
+    "gemma2": lambda T: T.Gemma2Model(T.Gemma2Config(num_key_value_heads=2, head_dim=8, sliding_window=16, **_DECODER)),
+    "gemma3_text": lambda T: T.Gemma3TextModel(T.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, sliding_window=16, **_DECODER)),
+    "qwen3": lambda T: T.Qwen3Model(T.Qwen3Config(num_key_value_heads=2, head_dim=8, **_DECODER)),
+    "glm4": lambda T: T.Glm4Model(T.Glm4Config(num_key_value_heads=2, head_dim=8, **_DECODER)),
+    "olmo2": lambda T: T.Olmo2Model(T.Olmo2Config(num_key_value_heads=2, **_DECODER)),
+    "cohere": lambda T: T.CohereModel(T.CohereConfig(num_key_value_heads=2, **_DECODER)),
+    "nemotron": lambda T: T.NemotronModel(T.NemotronConfig(num_key_value_heads=2, **_DECODER)),
+    "mpt": lambda T: T.MptModel(T.MptConfig(d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=128, vocab_size=VOCAB,
+                                            use_cache=False)),
+    "xlnet": lambda T: T.XLNetModel(T.XLNetConfig(d_model=32, n_layer=2, n_head=4, d_inner=64, vocab_size=VOCAB)),
+    "bigbird": lambda T: T.BigBirdModel(T.BigBirdConfig(attention_type="original_full", max_position_embeddings=130, **_SMALL, **_COMMON)),
     # mixture of experts: tokens sorted by expert and counted by histc, grouped GEMMs over the offsets (the RAL's)
     "mixtral": lambda T: T.MixtralModel(T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **_DECODER)),
     "qwen2_moe": lambda T: T.Qwen2MoeModel(T.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
@@ -71,6 +82,8 @@ TEXT = {
                                                                   moe_intermediate_size=48, first_k_dense_replace=1, n_group=1, topk_group=1,
                                                                   q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
                                                                   v_head_dim=8, **_DECODER)),
+    "llama4_text": lambda T: T.Llama4TextModel(T.Llama4TextConfig(num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=1,
+                                                                  intermediate_size_mlp=64, attention_chunk_size=16, **_DECODER)),
     "gpt_oss": lambda T: T.GptOssModel(T.GptOssConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
                                                       sliding_window=16, **_DECODER)),
     "starcoder2": lambda T: T.Starcoder2Model(T.Starcoder2Config(num_key_value_heads=2, **_DECODER)),

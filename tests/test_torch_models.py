@@ -335,6 +335,20 @@ class LargerAndSmallerSizes(torch.nn.Module):
         return x + self.table[:, max(0, 16 - s):][:, :s].sum(0), x * min(s, 3)
 
 
+class ComplexRotary(torch.nn.Module):
+    """Rotary positions in complex numbers as Llama 4 writes them: `torch.polar` of the angles,
+    scaled, the queries seen as complex pairs (`view_as_complex`), multiplied, and back
+    (`view_as_real`); torch-mlir converts no complex arithmetic, so it runs as real pairs."""
+
+    def forward(self, x):
+        s = x.shape[1]
+        inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+        freqs = torch.arange(s, dtype=torch.float)[None, :, None] * inv
+        rotation = torch.polar(torch.ones_like(freqs), freqs) * 0.5
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * rotation[:, :, None, :]).flatten(3)
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -379,6 +393,7 @@ MODELS = [
      {"x": {0: B, 2: Dim("h", min=3, max=64), 3: Dim("w", min=4, max=64)},
       "like": {2: Dim("H", min=3, max=128), 3: Dim("W", min=8, max=128)}}),
     ("larger_and_smaller_sizes", LargerAndSmallerSizes, lambda b, s: (torch.randn(b, s + 1),), {"x": {0: B, 1: Dim("n", min=2, max=16)}}),
+    ("complex_rotary", ComplexRotary, lambda b, s: (torch.randn(b, s, 3, 8),), {"x": {0: B, 1: S}}),
     ("clamp_by_tensors", ClampByTensors, lambda b, s: (torch.randn(b, s), torch.randn(s)), {"x": {0: B, 1: S}, "lo": {0: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),
@@ -472,6 +487,20 @@ def test_example_inputs_that_are_one_tensor_stay_separate_arguments():
     compiled = disc.compile(Model().eval(), (x, x), dynamic_shapes={"a": {0: Dim("n")}, "b": {0: Dim("m")}})
     a, b = torch.randn(5, 4), torch.randn(2, 4)
     torch.testing.assert_close(compiled(a, b), a * 2 + b.sum(dim=0))
+
+
+def test_an_expanded_example_input_compiles_for_row_major_arguments():
+    """Position ids made by `arange(s)[None].expand(b, s)` (zero strides): exported as a copy, or
+    their strides became symbols the export constrained and the compiler could not name."""
+    class Model(torch.nn.Module):
+        def forward(self, x, pos):
+            return x * pos[..., None].float()
+
+    s = Dim("s")
+    compiled = disc.compile(Model(), (torch.randn(2, 5, 3), torch.arange(5)[None].expand(2, 5)), dynamic_shapes={"x": {1: s}, "pos": {1: s}})
+    for n in (1, 9):
+        x, pos = torch.randn(2, n, 3), torch.arange(n)[None].expand(2, n)
+        torch.testing.assert_close(compiled(x, pos), Model()(x, pos))
 
 
 def test_unbounded_dim_compiles():

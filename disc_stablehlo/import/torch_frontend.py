@@ -268,6 +268,25 @@ def _clamp_tensor(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A00
     return x if max is None else torch.minimum(x, max)
 
 
+def _complex_mul(x: Any, other: Any) -> Any:
+    """A product with a complex tensor (Llama 4's rotary positions: `torch.polar`'s result scaled,
+    then multiplied into the queries and keys seen as complex pairs), which torch-mlir's StableHLO
+    lowering refuses, in real arithmetic over `view_as_real`'s parts: (a + bi)(c + di) =
+    (ac - bd) + (ad + bc)i. Any other product (NotImplemented) as it is."""
+    import torch
+
+    def parts(v: Any) -> tuple[Any, Any]:
+        if isinstance(v, torch.Tensor) and v.is_complex():
+            pair = torch.view_as_real(v)
+            return pair[..., 0], pair[..., 1]
+        return (v, 0.0) if isinstance(v, torch.Tensor) else (complex(v).real, complex(v).imag)
+
+    if not any(isinstance(v, torch.Tensor) and v.is_complex() for v in (x, other)):
+        return NotImplemented
+    (a, b), (c, d) = parts(x), parts(other)
+    return torch.view_as_complex(torch.stack([a * c - b * d, a * d + b * c], -1))
+
+
 @functools.cache
 def grouped_mm_op() -> Any:
     """`disc::grouped_mm(input (S, K), weight (G, K, N), offs (G,)) -> (S, N)`: the grouped GEMM of
@@ -527,8 +546,8 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners, histograms, clamps by tensors, the grouped
-    GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
+    sizes, embedding bags, bilinear upsampling with aligned corners, histograms, clamps by tensors, products
+    of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -549,6 +568,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.histc.default] = _histc
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    table[torch.ops.aten.mul.Tensor] = _complex_mul
     grouped_mm_op()
     if hasattr(torch.ops.transformers, "grouped_mm_fallback"):  # registered once transformers' MoE layers are imported
         table[torch.ops.transformers.grouped_mm_fallback.default] = _grouped_mm_fallback
@@ -905,6 +925,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
                                       + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
+    _complex_as_pairs(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
         node.meta.pop("from_node", None)
     ep, held_back, weights = _hold_back_weights(ep)
@@ -984,8 +1005,74 @@ def _size_arithmetic(ep: Any) -> None:
     ep.graph_module.recompile()
 
 
+def _complex_as_pairs(ep: Any) -> None:
+    """Complex tensors, for which torch-mlir's StableHLO lowering has no conversion, as real
+    tensors of (real, imaginary) pairs in a trailing dim of 2 (`view_as_real`'s form): Llama 4's
+    rotary positions (`torch.polar`, the queries and keys seen as complex pairs, their products:
+    `_complex_mul` writes those in pairs already). Done where every complex value is made by
+    `view_as_complex`, `polar` or a view and used by `view_as_real` or a view; otherwise nothing
+    changes (and torch-mlir names the op it cannot convert)."""
+    import torch
+
+    aten = torch.ops.aten
+    graph = ep.graph
+
+    def value(v: Any) -> Any:
+        return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+    def complex_(v: Any) -> bool:
+        return isinstance(value(v), torch.Tensor) and value(v).is_complex()
+
+    views = {aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.clone.default, aten.alias.default,
+             aten.expand.default, aten.view.default, aten.permute.default}
+    made = [n for n in graph.nodes if complex_(n)]
+    if not made or not all(n.op == "call_function" and n.target in views | {aten.view_as_complex.default, aten.polar.default}
+                           and all(u.op == "call_function" and (u.target in views | {aten.view_as_real.default} or
+                                                                u.target is aten._assert_tensor_metadata.default) for u in n.users)
+                           for n in made):
+        return
+
+    def call(op: Any, *args: Any) -> Any:
+        node = graph.call_function(op, args)
+        node.meta["val"] = op(*[[value(a) for a in v] if isinstance(v, (list, tuple)) else value(v) for v in args])
+        return node
+
+    pairs: dict[Any, Any] = {}
+    for n in made:
+        rank = value(n.args[0]).dim() if n.target in views else 0
+        with graph.inserting_before(n):
+            if n.target is aten.view_as_complex.default:
+                pairs[n] = n.args[0]
+            elif n.target is aten.polar.default:
+                size, angle = n.args
+                pairs[n] = call(aten.stack.default, [call(aten.mul.Tensor, size, call(aten.cos.default, angle)),
+                                                     call(aten.mul.Tensor, size, call(aten.sin.default, angle))], -1)
+            elif n.target is aten.unsqueeze.default:
+                pairs[n] = call(n.target, pairs[n.args[0]], n.args[1] % (rank + 1))
+            elif n.target in (aten.slice.Tensor, aten.select.int):
+                pairs[n] = call(n.target, pairs[n.args[0]], n.args[1] % rank, *n.args[2:])
+            elif n.target in (aten.expand.default, aten.view.default):
+                pairs[n] = call(n.target, pairs[n.args[0]], [*n.args[1], 2])
+            elif n.target is aten.permute.default:
+                pairs[n] = call(n.target, pairs[n.args[0]], [d % rank for d in n.args[1]] + [rank])
+            else:  # clone, alias
+                pairs[n] = pairs[n.args[0]]
+    for n in made:
+        for u in list(n.users):
+            if u.target is aten._assert_tensor_metadata.default:
+                graph.erase_node(u)
+            elif u.target is aten.view_as_real.default:
+                u.replace_all_uses_with(pairs[n])
+                graph.erase_node(u)
+    for n in reversed(made):
+        graph.erase_node(n)
+    ep.graph_module.recompile()
+
+
 def _unaliased(args: tuple) -> tuple:
-    """The example inputs with each tensor that shares memory with an earlier one copied:
+    """The example inputs as the compiled function reads its arguments, row-major: a tensor that
+    is not contiguous copied (an expanded one's zero strides became symbols of their own, which
+    torch.export then constrains), and each tensor that shares memory with an earlier one copied:
     torch.export takes inputs that alias for one input and binds every use to the last of them
     (`f(x, x, x)` would compile a function reading its third argument only)."""
     import torch
@@ -996,6 +1083,7 @@ def _unaliased(args: tuple) -> tuple:
     def own(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
+        x = x.contiguous()
         address = x.untyped_storage().data_ptr()
         if address in seen:
             return x.clone()
