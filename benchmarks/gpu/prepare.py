@@ -1,6 +1,8 @@
 """Compiles the JAX test programs (tests/test_jax_programs.py) for a CUDA target on this machine
 and writes, per program, its artifact and its inputs and jax.jit's outputs at three shapes, for
-`run_cases.py` to run on a GPU machine that has no MLIR (docs/gpu.md).
+`run_cases.py` to run on a GPU machine that has no MLIR (docs/gpu.md). Then the same for PyTorch
+models that only the PyTorch frontend brings (`torch_cases`: a mixture-of-experts decoder's
+grouped GEMMs), their outputs from eager PyTorch.
 
     python benchmarks/gpu/prepare.py OUT_DIR [--target cuda:sm_90] [--only name,...]
 
@@ -24,6 +26,33 @@ sys.path.insert(0, str(ROOT / "tests"))
 import disc_stablehlo as disc  # noqa: E402
 from conftest import concrete, random_array, specs_for  # noqa: E402
 from test_jax_programs import CASES  # noqa: E402
+
+
+def torch_cases() -> list[tuple]:
+    """(name, model, example inputs, dynamic shapes, inputs at three shapes, tolerance): a small
+    Mixtral (tokens sorted by expert, counted by histc, grouped GEMMs over int32 offsets)."""
+    import torch
+    from torch.export import Dim
+
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from library_models import LastHiddenState, declare_torchvision_ops
+
+    declare_torchvision_ops()
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=256,
+                                        max_position_embeddings=256, use_cache=False)
+    model = LastHiddenState(transformers.MixtralModel(config).eval()).eval()
+    g = torch.Generator().manual_seed(1)
+
+    def inputs(b: int, s: int) -> tuple:
+        return torch.randint(0, 256, (b, s), generator=g), torch.ones(b, s, dtype=torch.long)
+    batch, seq = Dim("batch", max=32), Dim("seq", max=256)
+    dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    with torch.no_grad():
+        return [("mixtral_moe", model, inputs(2, 9), dynamic, [inputs(1, 1), inputs(3, 17), inputs(4, 100)], 1e-4)]
 
 
 def main() -> int:
@@ -58,8 +87,23 @@ def main() -> int:
                      dtypes=np.array(dtypes))
         index.append({"name": name, "shapes": len(envs), "tol": tol, "envs": envs})
         print(f"{name}: compiled in {time.perf_counter() - start:.2f} s", flush=True)
+    cases = torch_cases()
+    for name, model, example, dynamic, shapes, tol in cases:
+        if only and name not in only:
+            continue
+        try:
+            f = disc.compile(model, example, dynamic_shapes=dynamic, target=a.target)
+        except disc.DiscError as e:
+            print(f"{name}: not compiled: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+            continue
+        f.save(out / f"{name}.disc")
+        for k, inputs in enumerate(shapes):
+            want = model(*inputs).detach().numpy()
+            np.savez(out / f"{name}.{k}.npz", **{f"in{i}": x.numpy() for i, x in enumerate(inputs)}, out0=want, dtypes=np.array([want.dtype.name]))
+        index.append({"name": name, "shapes": len(shapes), "tol": tol, "envs": [[list(x.shape) for x in inputs] for inputs in shapes]})
+        print(f"{name}: compiled", flush=True)
     (out / "index.json").write_text(json.dumps(index, indent=1))
-    print(f"{len(index)} of {len(CASES) if not only else len(only)} programs compiled for {a.target}")
+    print(f"{len(index)} of {len(CASES) + len(cases) if not only else len(only)} programs compiled for {a.target}")
     return 0
 
 
