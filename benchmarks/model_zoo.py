@@ -1,4 +1,4 @@
-"""Coverage of the models people bring: 74 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 78 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
 batch alone where the model fixes the image size) and checked against eager at three shapes.
@@ -93,7 +93,20 @@ TEXT = {
 
 # vision models: name -> (builder of transformers (`T`, hf_) or torchvision.models (`tv`, tv_), image side or None for a dynamic
 # image size)
+_DETR = dict(use_timm_backbone=False, use_pretrained_backbone=False, d_model=32, encoder_layers=1, decoder_layers=1,
+             encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=10)
+
+
+def _detr_backbone(T):
+    return T.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], out_features=["stage4"])
+
+
 VISION = {
+    # detection at any image size: DETR and Conditional DETR (a ResNet and a transformer over its feature map, object queries), YOLOS
+    "hf_detr": (lambda T: T.DetrModel(T.DetrConfig(backbone_config=_detr_backbone(T), **_DETR)), None),
+    "hf_cond_detr": (lambda T: T.ConditionalDetrModel(T.ConditionalDetrConfig(backbone_config=_detr_backbone(T), **_DETR)), None),
+    "hf_yolos": (lambda T: T.YolosModel(T.YolosConfig(image_size=[64, 64], patch_size=16, num_detection_tokens=5, **_SMALL)), None),
+    "hf_dpt": (lambda T: T.DPTModel(T.DPTConfig(image_size=64, patch_size=16, **_SMALL)), None),  # dense prediction (depth)
     "hf_convnext": (lambda T: T.ConvNextModel(T.ConvNextConfig(**_STAGES)), None),
     "hf_resnet": (lambda T: T.ResNetModel(T.ResNetConfig(embedding_size=8, **_STAGES)), None),
     "hf_segformer": (lambda T: T.SegformerModel(T.SegformerConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],

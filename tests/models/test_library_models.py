@@ -119,6 +119,24 @@ def test_vision_model_compiled_once(kind):
     assert compiled.compile_count == 1
 
 
+def test_a_detection_transformer_compiled_once_for_any_image_size():
+    """DETR (a ResNet, a transformer encoder over its feature map with sine positions computed from
+    the map's size, object queries decoded against it): one compilation for batch, height and
+    width, matching eager on images of three sizes."""
+    T = transformers
+    backbone = T.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], out_features=["stage4"])
+    model = PixelFeatures(T.DetrModel(T.DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone,
+                                                   d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                                   num_queries=10)).eval()).eval()
+    dims = {0: Dim("batch", max=32), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}
+    compiled = disc.compile(model, (torch.randn(2, 3, 96, 80),), dynamic_shapes={"x": dims})
+    g = torch.Generator().manual_seed(4)
+    for b, h, w in [(1, 64, 64), (3, 96, 80), (2, 160, 112)]:
+        _check(compiled, model, (torch.randn(b, 3, h, w, generator=g),))
+    assert compiled.compile_count == 1
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2", "convbert"])
 def test_model_through_the_dynamo_backend(kind):
     torch._dynamo.reset()
