@@ -1,7 +1,8 @@
-"""Coverage of the models people bring: 78 architectures from transformers and torchvision at
+"""Coverage of the models people bring: 81 architectures from transformers and torchvision at
 small configs with random weights (batch norms get random statistics, so no layer is an
-identity), each compiled once with dynamic dims (batch and sequence, batch and image size, or
-batch alone where the model fixes the image size) and checked against eager at three shapes.
+identity), each compiled once with dynamic dims (batch and sequence, batch and image size,
+batch alone where the model fixes the image size, or batch and waveform length) and checked
+against eager at three shapes.
 Each model runs in a process of its own with a time limit; a row records the compile time (the
 export included), the largest error relative to the output's largest value, or the error.
 Writes benchmarks/model_zoo.json (a run of some models replaces their rows).
@@ -165,14 +166,23 @@ def _random_head(vit):
     return vit
 
 
-NAMES = [*TEXT, *VISION]
+# speech models over raw waveforms of any length (batch from 2: WavLM's export guards batch 1 out)
+_SPEECH = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+               conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+AUDIO = {
+    "wav2vec2": lambda T: T.Wav2Vec2Model(T.Wav2Vec2Config(**_SPEECH)),
+    "hubert": lambda T: T.HubertModel(T.HubertConfig(**_SPEECH)),
+    "wavlm": lambda T: T.WavLMModel(T.WavLMConfig(**_SPEECH)),
+}
+
+NAMES = [*TEXT, *VISION, *AUDIO]
 
 
 def check_one(name: str, dynamo: bool) -> dict:
     """Builds, compiles and checks one model in this process."""
     sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
     import torch
-    from library_models import LastHiddenState, PixelFeatures, declare_torchvision_ops
+    from library_models import LastHiddenState, PixelFeatures, WaveformFeatures, declare_torchvision_ops
     from torch.export import Dim
 
     import disc_stablehlo as disc
@@ -193,6 +203,13 @@ def check_one(name: str, dynamo: bool) -> dict:
             mask[0, s - min(2, s - 1):] = 0
             return torch.randint(3, VOCAB, (b, s), generator=g), mask
         shapes = [(1, 5), (3, 17), (2, 40)]
+    elif name in AUDIO:
+        model = WaveformFeatures(AUDIO[name](T).eval())
+        dynamic = {"x": {0: Dim("batch", min=2, max=32), 1: Dim("samples", min=400, max=32000)}}
+        shapes = [(2, 400), (3, 1601), (2, 5000)]
+
+        def inputs(b: int, n: int) -> tuple:
+            return (torch.randn(b, n, generator=g),)
     else:
         build, side = VISION[name]
         model = PixelFeatures(build(T).eval()) if name.startswith("hf_") else build(torchvision.models).eval()

@@ -349,6 +349,20 @@ class ComplexRotary(torch.nn.Module):
         return torch.view_as_real(pairs * rotation[:, :, None, :]).flatten(3)
 
 
+class WeightsInAList(torch.nn.Module):
+    """Weights concatenated inside the model (WavLM joins its query, key and value biases so):
+    `torch.cat` of a list holding parameters and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.register_buffer("extra", torch.randn(8))
+
+    def forward(self, x):
+        weight = torch.cat((self.q.weight, self.k.weight))
+        return torch.nn.functional.linear(x, weight, torch.cat([self.q.bias, self.k.bias])) + torch.cat([self.extra, x[0]]).sum()
+
+
 B = Dim("batch", min=1, max=64)
 S = Dim("seq", min=2, max=128)
 MODELS = [
@@ -394,6 +408,7 @@ MODELS = [
       "like": {2: Dim("H", min=3, max=128), 3: Dim("W", min=8, max=128)}}),
     ("larger_and_smaller_sizes", LargerAndSmallerSizes, lambda b, s: (torch.randn(b, s + 1),), {"x": {0: B, 1: Dim("n", min=2, max=16)}}),
     ("complex_rotary", ComplexRotary, lambda b, s: (torch.randn(b, s, 3, 8),), {"x": {0: B, 1: S}}),
+    ("weights_in_a_list", WeightsInAList, lambda b, s: (torch.randn(b, 8),), {"x": {0: B}}),
     ("clamp_by_tensors", ClampByTensors, lambda b, s: (torch.randn(b, s), torch.randn(s)), {"x": {0: B, 1: S}, "lo": {0: S}}),
     ("concat_independent_dims", ConcatIndependent, lambda b, s: (torch.randn(3, b), torch.randn(3, s)),
      {"a": {1: Dim("n", min=1, max=64)}, "b": {1: Dim("m", min=1, max=64)}}),

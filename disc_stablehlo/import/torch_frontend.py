@@ -926,6 +926,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
                                       + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
     _complex_as_pairs(ep)
+    _weights_in_lists(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
         node.meta.pop("from_node", None)
     ep, held_back, weights = _hold_back_weights(ep)
@@ -1002,6 +1003,30 @@ def _size_arithmetic(ep: Any) -> None:
                 whole = graph.call_function(operator.mul, (quotient, b))
                 whole.meta["val"] = quotient.meta["val"] * value(b)
             chain(node, operator.sub, [a, whole])
+    ep.graph_module.recompile()
+
+
+def _weights_in_lists(ep: Any) -> None:
+    """A weight in a list argument (WavLM's `torch.cat` of its query, key and value biases) read
+    through `aten.alias`: torch-mlir's importer puts the weights of the program in place of their
+    inputs, and takes a weight alone as an argument, but not inside a list."""
+    import torch
+
+    graph = ep.graph
+    weights = {n for n in graph.nodes if n.op == "placeholder" and n.name not in ep.graph_signature.user_inputs}
+    for node in [n for n in graph.nodes if n.op == "call_function"]:
+        for i, arg in enumerate(node.args):
+            if not isinstance(arg, (list, tuple)) or not any(a in weights for a in arg):
+                continue
+            read = []
+            for a in arg:
+                if a in weights:
+                    with graph.inserting_before(node):
+                        alias = graph.call_function(torch.ops.aten.alias.default, (a,))
+                    alias.meta["val"] = a.meta["val"]
+                    a = alias
+                read.append(a)
+            node.update_arg(i, type(arg)(read))
     ep.graph_module.recompile()
 
 

@@ -50,3 +50,14 @@ class PixelFeatures(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=x).last_hidden_state
+
+
+class WaveformFeatures(torch.nn.Module):
+    """A transformers speech model called with raw waveforms, returning its last hidden state."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(input_values=x).last_hidden_state
