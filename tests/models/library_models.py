@@ -44,20 +44,17 @@ class LastHiddenState(torch.nn.Module):
 class PixelFeatures(torch.nn.Module):
     """A transformers vision model called with pixel values, returning its last hidden state."""
 
+    argument = "pixel_values"  # the model's keyword for its input
+
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=x).last_hidden_state
+        return self.model(**{self.argument: x}).last_hidden_state
 
 
-class WaveformFeatures(torch.nn.Module):
+class WaveformFeatures(PixelFeatures):
     """A transformers speech model called with raw waveforms, returning its last hidden state."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(input_values=x).last_hidden_state
+    argument = "input_values"
