@@ -293,8 +293,8 @@ def grouped_mm_op() -> Any:
     mixture-of-experts layers, rows [offs[g - 1], offs[g]) of `input` times `weight[g]` (from row 0
     for g = 0), the rows from offs[G - 1] on zeros. transformers' `grouped_mm_fallback` and ATen's
     `_grouped_mm` with offsets are decomposed into it, and the compiler gives it to the RAL
-    (torch_ops.py). Declared with no kernel (nothing runs it in PyTorch), in the caller before the
-    decomposition and in the compiler worker before it loads the program."""
+    (torch_ops.py). Declared with no kernel (nothing runs it in PyTorch), in the caller by the first
+    decomposition into it and in the compiler worker before it loads the program."""
     import torch
 
     torch.library.define("disc::grouped_mm", "(Tensor input, Tensor weight, Tensor offs) -> Tensor")
@@ -569,7 +569,6 @@ def _decompositions() -> dict:
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
     table[torch.ops.aten.mul.Tensor] = _complex_mul
-    grouped_mm_op()
     if hasattr(torch.ops.transformers, "grouped_mm_fallback"):  # registered once transformers' MoE layers are imported
         table[torch.ops.transformers.grouped_mm_fallback.default] = _grouped_mm_fallback
     for op in (torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default):
@@ -961,6 +960,13 @@ def _refuse_foreign_ops(ep: Any) -> None:
                                  f"cannot compile: {where}")
 
 
+def _traced(v: Any) -> Any:
+    """A graph argument's value as traced (a node's fake tensor or symbolic size; a constant as it is)."""
+    import torch
+
+    return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+
 def _size_arithmetic(ep: Any) -> None:
     """Size arithmetic that torch.export cannot save or torch-mlir cannot import, as chains of the
     operators both take: `torch.sym_sum` (a sum of sizes, which tracing under dynamo writes:
@@ -975,16 +981,13 @@ def _size_arithmetic(ep: Any) -> None:
 
     graph = ep.graph
 
-    def value(v: Any) -> Any:
-        return v.meta["val"] if isinstance(v, torch.fx.Node) else v
-
     def chain(node: Any, op: Any, terms: list) -> None:
         total = terms[0]
         with graph.inserting_before(node):
             for term in terms[1:]:
-                before = value(total)
+                before = _traced(total)
                 total = graph.call_function(op, (total, term))
-                total.meta["val"] = op(before, value(term))
+                total.meta["val"] = op(before, _traced(term))
         node.replace_all_uses_with(total)
         graph.erase_node(node)
 
@@ -993,15 +996,15 @@ def _size_arithmetic(ep: Any) -> None:
             chain(node, operator.add, list(node.args[0]))
         elif node.target is operator.pow and isinstance(node.args[1], int) and 1 <= node.args[1] <= 8:
             chain(node, operator.mul, [node.args[0]] * node.args[1])
-        elif node.target in (torch.sym_max, torch.sym_min) and isinstance(value(node), torch.SymInt):
+        elif node.target in (torch.sym_max, torch.sym_min) and isinstance(_traced(node), torch.SymInt):
             node.target = torch.ops.prim.max.int if node.target is torch.sym_max else torch.ops.prim.min.int
-        elif node.target is operator.mod and isinstance(value(node), torch.SymInt):
+        elif node.target is operator.mod and isinstance(_traced(node), torch.SymInt):
             a, b = node.args
             with graph.inserting_before(node):
                 quotient = graph.call_function(operator.floordiv, (a, b))
-                quotient.meta["val"] = value(a) // value(b)
+                quotient.meta["val"] = _traced(a) // _traced(b)
                 whole = graph.call_function(operator.mul, (quotient, b))
-                whole.meta["val"] = quotient.meta["val"] * value(b)
+                whole.meta["val"] = quotient.meta["val"] * _traced(b)
             chain(node, operator.sub, [a, whole])
     ep.graph_module.recompile()
 
@@ -1014,11 +1017,12 @@ def _weights_in_lists(ep: Any) -> None:
 
     graph = ep.graph
     weights = {n for n in graph.nodes if n.op == "placeholder" and n.name not in ep.graph_signature.user_inputs}
+    changed = False
     for node in [n for n in graph.nodes if n.op == "call_function"]:
         for i, arg in enumerate(node.args):
             if not isinstance(arg, (list, tuple)) or not any(a in weights for a in arg):
                 continue
-            read = []
+            changed, read = True, []
             for a in arg:
                 if a in weights:
                     with graph.inserting_before(node):
@@ -1027,7 +1031,8 @@ def _weights_in_lists(ep: Any) -> None:
                     a = alias
                 read.append(a)
             node.update_arg(i, type(arg)(read))
-    ep.graph_module.recompile()
+    if changed:
+        ep.graph_module.recompile()
 
 
 def _complex_as_pairs(ep: Any) -> None:
@@ -1042,11 +1047,8 @@ def _complex_as_pairs(ep: Any) -> None:
     aten = torch.ops.aten
     graph = ep.graph
 
-    def value(v: Any) -> Any:
-        return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
-
     def complex_(v: Any) -> bool:
-        return isinstance(value(v), torch.Tensor) and value(v).is_complex()
+        return isinstance(_traced(v), torch.Tensor) and _traced(v).is_complex()
 
     views = {aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.clone.default, aten.alias.default,
              aten.expand.default, aten.view.default, aten.permute.default}
@@ -1059,12 +1061,12 @@ def _complex_as_pairs(ep: Any) -> None:
 
     def call(op: Any, *args: Any) -> Any:
         node = graph.call_function(op, args)
-        node.meta["val"] = op(*[[value(a) for a in v] if isinstance(v, (list, tuple)) else value(v) for v in args])
+        node.meta["val"] = op(*[[_traced(a) for a in v] if isinstance(v, (list, tuple)) else _traced(v) for v in args])
         return node
 
     pairs: dict[Any, Any] = {}
     for n in made:
-        rank = value(n.args[0]).dim() if n.target in views else 0
+        rank = _traced(n.args[0]).dim() if n.target in views else 0
         with graph.inserting_before(n):
             if n.target is aten.view_as_complex.default:
                 pairs[n] = n.args[0]
@@ -1348,7 +1350,7 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[lis
             layout.append(where[str(x.node.expr)])
         else:
             raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
-    outputs = [out.meta.get("val") if isinstance(out, torch.fx.Node) else out for out in next(iter(gm.graph.find_nodes(op="output"))).args[0]]
+    outputs = [_traced(out) for out in next(iter(gm.graph.find_nodes(op="output"))).args[0]]
     keep = [isinstance(v, torch.Tensor) for v in outputs]
     for v in outputs:
         missing = {str(sym) for sym in v.node.expr.free_symbols} - set(where) if isinstance(v, torch.SymInt) else set()

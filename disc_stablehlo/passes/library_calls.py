@@ -548,19 +548,15 @@ def _is_grouped_gemm(op: ir.Operation) -> bool:
 def _grouped_gemm(op, t: Text, state: LoweringState):
     """PyTorch's grouped GEMM of mixture-of-experts layers (import/torch_ops.py) as the RAL's
     `disc_ral_grouped_gemm_<f32|f64>` (on a GPU its device version), which checks the offsets;
-    weights transposed in their last two dims (transformers' experts keep them [G, N, K]) are
-    read through the transpose."""
-    v = op.operands[1]
-    transposed = not isinstance(v.owner, ir.Block) and v.owner.name == "stablehlo.transpose" and list(
-        ir.DenseI64ArrayAttr(v.owner.attributes["permutation"])) == [0, 2, 1]
-    if transposed:
-        op.operands[1] = v.owner.operands[0]
+    transposed weights (transformers' experts keep them [G, N, K]) are read through the transpose
+    where a GEMM's operand would be (`_fold_transpose`), at their strides."""
+    (group,), (contracted,) = _fold_transpose(op, 1, [0], [1])
+    free = 3 - group - contracted
     x_t, w_t, o_t, r_t = (ir.RankedTensorType(v.type) for v in (*op.operands, op.result))
     elem = str(x_t.element_type)
     rows, k = t.dims("%a0", x_t)
-    groups, wk, n = t.dims("%a1", w_t)
-    if transposed:
-        wk, n = n, wk
+    w_dims = t.dims("%a1", w_t)
+    groups, wk, n = (w_dims[d] for d in (group, contracted, free))
     t.check(state, op, t(f"arith.cmpi ne, {k}, {wk} : index"), "the input has {0} columns, the weights {1} rows", k, wk)
     counted = t.dim("%a2", o_t, 0)
     t.check(state, op, t(f"arith.cmpi ne, {counted}, {groups} : index"), "{0} offsets for {1} groups of weights", counted, groups)
@@ -568,12 +564,11 @@ def _grouped_gemm(op, t: Text, state: LoweringState):
                 for i, (v, e) in enumerate(zip(op.operands, (elem, elem, "i64")))]
     mtype = _memref_type(r_t, elem)
     out = t(f"memref.alloc({', '.join(d for d, dynamic in ((rows, r_t.is_dynamic_dim(0)), (n, r_t.is_dynamic_dim(1))) if dynamic)}) : {mtype}")
-    strides = [_product(t, [k, n]), *((t.const(1), k) if transposed else (n, t.const(1)))]
-    sizes = [t(f"arith.index_cast {d} : index to i64") for d in (rows, n, k, groups)]
-    strides = [t(f"arith.index_cast {d} : index to i64") for d in strides]
+    w_strides = [_product(t, w_dims[d + 1:]) for d in range(3)]  # the weights' buffer is row-major
+    ints = [t(f"arith.index_cast {d} : index to i64") for d in (rows, n, k, groups, *(w_strides[d] for d in (group, contracted, free)))]
     sig = "(i64, i64, i64, i64, !llvm.ptr, !llvm.ptr, i64, i64, i64, !llvm.ptr, !llvm.ptr) -> ()"
     fn = f"disc_ral_grouped_gemm_{elem}"
-    args = sizes + pointers[:2] + strides + [pointers[2], pointer(t, out, mtype, elem)[0]]
+    args = ints[:4] + pointers[:2] + ints[4:] + [pointers[2], pointer(t, out, mtype, elem)[0]]
     t.emit(f"func.call @{fn}({', '.join(args)}) : {sig}")
     t.declarations.append(f"func.func private @{fn}{sig.replace(' -> ()', '')}")
     return [t(f"bufferization.to_tensor {out} restrict writable : {mtype} to {r_t}")]
