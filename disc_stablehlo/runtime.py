@@ -601,15 +601,17 @@ class Executable:
 @dataclasses.dataclass
 class Binding:
     """How a caller's arguments map to the compiled inputs and the results back to the source
-    function's structure (JAX pytrees, TF nests). A loaded artifact keeps the argument mapping;
-    its results come as one array or a tuple."""
+    function's structure (JAX pytrees, TF nests, a PyTorch model's outputs). A loaded artifact keeps
+    the argument mapping; its results come as one array or a tuple."""
     kept_args: tuple[int, ...] | None = None  # flat argument indices the module keeps (JAX drops unused ones)
     num_flat_args: int | None = None
-    pytree: bool = False                      # arguments are JAX pytrees
+    pytree: str = ""                          # "jax" or "torch": arguments are that library's pytrees
+    keywords: tuple[str, ...] = ()            # keyword arguments, read after the positional ones in this order
     pack_results: Callable[[list], Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kept_args": list(self.kept_args) if self.kept_args is not None else None, "num_flat_args": self.num_flat_args}
+        return {"kept_args": list(self.kept_args) if self.kept_args is not None else None, "num_flat_args": self.num_flat_args,
+                "keywords": list(self.keywords)}
 
 
 class CompiledFunction:
@@ -617,7 +619,7 @@ class CompiledFunction:
 
     Call it with numpy arrays (numpy out), JAX arrays (JAX out), torch tensors (torch out) or
     tf.Tensors (tf.Tensor out); results follow the source function's structure (JAX pytrees, TF
-    nests) or come as one array / a tuple. `save(path)` writes its artifact; `disc.load(path)`
+    nests, a PyTorch model's outputs) or come as one array / a tuple. `save(path)` writes its artifact; `disc.load(path)`
     gives it back in any process, without the compiler."""
 
     def __init__(self, executable: Executable, binding: Binding | None = None, compile_count: int = 1):
@@ -640,9 +642,11 @@ class CompiledFunction:
         """Writes the artifact to one file (docs/artifact.md): shared object, parameters, metadata."""
         self._exe.artifact.save(os.fspath(path))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b = self._binding
-        leaves, kind = _flatten(args, b.pytree)
+        if kwargs.keys() != set(b.keywords):
+            raise ShapeError(f"expected the keyword arguments {sorted(b.keywords)} (as compiled), got {sorted(kwargs)}")
+        leaves, kind = _flatten(args + tuple(kwargs[k] for k in b.keywords), b.pytree)
         if b.kept_args is not None:
             if len(leaves) != b.num_flat_args:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
@@ -805,12 +809,16 @@ def _to_device(x: Any, kind: str, device: Any) -> Any:
     return jax.device_put(x, device)
 
 
-def _flatten(args: tuple, pytree: bool) -> tuple[list[Any], str]:
+def _flatten(args: tuple, pytree: str) -> tuple[list[Any], str]:
     """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
-    if pytree:
+    if pytree == "jax":
         import jax
 
         leaves = jax.tree_util.tree_leaves(args)
+    elif pytree == "torch":
+        from torch.utils._pytree import tree_leaves
+
+        leaves = tree_leaves(args)
     else:
         leaves = list(args)
     modules = {t.__module__.split(".")[0] for t in {type(x) for x in leaves}}

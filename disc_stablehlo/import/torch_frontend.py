@@ -5,6 +5,7 @@ checked constraints, and its symbols name the dims."""
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import math
@@ -607,19 +608,43 @@ def _finite(bound: Any) -> int | None:
         return None
 
 
-def _dim_names(model: Any, dynamic_shapes: Any, dims: list[tuple[int | str, ...]]) -> dict[str, str]:
-    """torch.export's symbol (s77) -> the name of the user's `Dim` for it (batch)."""
+def _tensor_specs(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> list[Any]:
+    """Each tensor argument's entry of the user's dynamic_shapes (a dict or a sequence of dims, or
+    None), in the order torch.export makes the tensors inputs (the positional arguments, then the
+    keyword ones as given): the spec walked beside the arguments, through *args and nested lists,
+    tuples and dicts (a KV cache's tensors)."""
     import inspect
 
     import torch
 
     if dynamic_shapes is None:
-        return {}
+        return []
     if isinstance(dynamic_shapes, dict):
-        params = list(inspect.signature(model.forward).parameters)
-        specs = [dynamic_shapes.get(p) for p in params]
+        bound = inspect.signature(model.forward).bind_partial(*args).arguments
+        pairs = [(value, dynamic_shapes.get(name)) for name, value in [*bound.items(), *kwargs.items()]]
     else:
-        specs = list(dynamic_shapes)
+        pairs = list(zip([*args, *kwargs.values()], dynamic_shapes))
+    specs: list[Any] = []
+
+    def walk(value: Any, spec: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            specs.append(spec)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, spec[i] if isinstance(spec, (list, tuple)) and i < len(spec) else None)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, spec.get(k) if isinstance(spec, dict) else None)
+    for value, spec in pairs:
+        walk(value, spec)
+    return specs
+
+
+def _dim_names(specs: list[Any], dims: list[tuple[int | str, ...]]) -> dict[str, str]:
+    """torch.export's symbol (s77) -> the name of the user's `Dim` for it (batch); `specs`: each
+    tensor input's entry of the dynamic_shapes (`_tensor_specs`)."""
+    import torch
+
     names: dict[str, str] = {}
     for spec, shape in zip(specs, dims):
         items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
@@ -739,7 +764,7 @@ class _ParameterHooks:
                      for t in self.tensors)
 
 
-def _export(model: Any, args: tuple, dynamic_shapes: Any) -> Any:
+def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
     """torch.export, with the guards torch's tracing puts on dynamic dims (a pooling's window in
     ceil mode, a view's divisibility) kept in the program as assertions, which become run-time
     checks (`_runtime_assertions`), instead of failing the export because torch cannot prove them
@@ -751,7 +776,7 @@ def _export(model: Any, args: tuple, dynamic_shapes: Any) -> Any:
     import torch
 
     def export(spec: Any) -> Any:
-        return torch.export.export(model, args, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
+        return torch.export.export(model, args, kwargs, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
 
     try:
         return export(dynamic_shapes)
@@ -906,12 +931,16 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):
-        ep = model
+        ep, specs = model, []
     else:
-        args = _unaliased(tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
-        ep = _export(model.eval(), args, dynamic_shapes)
+        if isinstance(example_inputs, collections.abc.Mapping):  # keyword arguments (a tokenizer's output)
+            args, kwargs = (), dict(example_inputs)
+        else:
+            args, kwargs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,), {}
+        args, kwargs = _unaliased((args, kwargs))
+        ep, specs = _export(model.eval(), args, kwargs, dynamic_shapes), _tensor_specs(model, args, kwargs, dynamic_shapes)
     dims = _input_dims(ep)
-    names = _dim_names(model, dynamic_shapes, dims) if not isinstance(model, torch.export.ExportedProgram) else {}
+    names = _dim_names(specs, dims)
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     _decomposable_forms(ep)
     try:
@@ -928,6 +957,8 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     _weights_in_lists(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
         node.meta.pop("from_node", None)
+    binding = _binding(ep)
+    _flat_call_structure(ep)
     ep, held_back, weights = _hold_back_weights(ep)
     fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
     os.close(fd)
@@ -939,7 +970,35 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         os.unlink(path)
         raise CompileError(f"torch.export could not save the exported program for the compiler: {e}") from None
     return Source("torch", path, tuple(dims), tuple(ep.graph_signature.user_inputs), checked=constraints, held_back=held_back,
-                  weights=weights), Binding()
+                  weights=weights), binding
+
+
+def _flat_call_structure(ep: Any) -> None:
+    """The program's argument and result structure made plain tuples of its inputs and outputs:
+    the compiler worker loads the saved program without the model's library, whose classes in it
+    (transformers' `ModelOutput`s) it could not rebuild. The caller keeps the structure (`_binding`)."""
+    import dataclasses
+
+    from torch.utils._pytree import tree_structure
+
+    root = ep.module_call_graph[0]  # the root module's entry (replaced: the user's program may share it)
+    ep.module_call_graph[0] = dataclasses.replace(root, signature=dataclasses.replace(
+        root.signature, in_spec=tree_structure((tuple(ep.graph_signature.user_inputs), {})),
+        out_spec=tree_structure(tuple(range(len(ep.graph_signature.user_outputs))))))
+
+
+def _binding(ep: Any) -> Binding:
+    """Arguments taken as the model takes them (tensors in nested lists, tuples and dicts, flattened
+    in torch's order; the keyword arguments it was exported with), results given back in the
+    model's output structure (a transformers `ModelOutput`, a dict, a tuple) where each of its
+    leaves is a result."""
+    from torch.utils._pytree import tree_unflatten
+
+    keywords = tuple(ep.call_spec.in_spec.child(1).context) if ep.call_spec.in_spec is not None else ()
+    spec = ep.call_spec.out_spec
+    if spec is None or spec.num_leaves != len(ep.graph_signature.user_outputs):
+        return Binding(pytree="torch", keywords=keywords)
+    return Binding(pytree="torch", keywords=keywords, pack_results=functools.partial(tree_unflatten, treespec=spec))
 
 
 def _refuse_foreign_ops(ep: Any) -> None:
@@ -1096,7 +1155,7 @@ def _complex_as_pairs(ep: Any) -> None:
     ep.graph_module.recompile()
 
 
-def _unaliased(args: tuple) -> tuple:
+def _unaliased(args: Any) -> Any:
     """The example inputs as the compiled function reads its arguments, row-major: a tensor that
     is not contiguous copied (an expanded one's zero strides became symbols of their own, which
     torch.export then constrains), and each tensor that shares memory with an earlier one copied:

@@ -137,6 +137,76 @@ def test_a_detection_transformer_compiled_once_for_any_image_size():
     assert compiled.compile_count == 1
 
 
+class DecoderStep(torch.nn.Module):
+    """One step of a causal LM with a KV cache, as a generation loop calls it: new ids, the mask of
+    past and new positions, and the cache as a list of (keys, values) per layer (any past length);
+    returns the logits and the cache grown by the new positions."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, cache):
+        past = transformers.DynamicCache()
+        for i, (k, v) in enumerate(cache):
+            past.update(k, v, i)
+        n = cache[0][0].shape[2]
+        positions = torch.arange(n, n + ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=past, position_ids=positions, use_cache=True)
+        return out.logits, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+
+def test_a_decoder_step_with_a_kv_cache_of_any_length():
+    """Decoding with a KV cache: compiled once for batch, new tokens and past length (the cache a
+    nested list argument whose dims the user names), matching eager on a prompt and on one-token
+    steps; results in the step's own structure (a tuple holding a list of pairs)."""
+    T = transformers
+    torch.manual_seed(0)
+    model = DecoderStep(T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                         intermediate_size=64, max_position_embeddings=256, vocab_size=VOCAB)).eval())
+    g = torch.Generator().manual_seed(5)
+
+    def inputs(b: int, past: int, new: int) -> tuple:
+        return (torch.randint(3, VOCAB, (b, new), generator=g), torch.ones(b, past + new, dtype=torch.long),
+                [(torch.randn(b, 2, past, 8, generator=g), torch.randn(b, 2, past, 8, generator=g)) for _ in range(2)])
+    b, new, past = Dim("batch", max=16), Dim("new", min=1, max=64), Dim("past", min=1, max=192)
+    layer = ({0: b, 2: past}, {0: b, 2: past})
+    compiled = disc.compile(model, inputs(2, 6, 3), dynamic_shapes={"ids": {0: b, 1: new}, "mask": {0: b, 1: Dim("total", min=4, max=256)},
+                                                                    "cache": [layer, layer]})
+    assert [a.shape[2] for a in compiled.signature.args[2:]] == ["past"] * 4
+    for shape in [(1, 9, 1), (3, 20, 1), (2, 4, 7)]:
+        _check(compiled, model, inputs(*shape))
+    assert compiled.compile_count == 1
+    ids, _, cache = inputs(2, 6, 3)
+    with pytest.raises(disc.ShapeError, match="past"):
+        compiled(ids, torch.ones(2, 7, dtype=torch.long), cache)  # a mask shorter than past + new positions
+
+
+def test_a_model_exported_with_keyword_arguments_takes_them_and_returns_its_output_type():
+    """A transformers model as it is (no wrapper), its example inputs a dict of keyword arguments
+    (a tokenizer's output): called with keywords, it returns the model's own output class."""
+    T = transformers
+    torch.manual_seed(0)
+    model = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=128, vocab_size=VOCAB)).eval()
+
+    def encoded(b: int, s: int, seed: int) -> dict:
+        ids, mask = _text_inputs(b, s, seed)
+        return {"attention_mask": mask, "input_ids": ids}  # not the order of forward's parameters
+    b, s = Dim("batch", max=32), Dim("seq", max=128)
+    compiled = disc.compile(model, encoded(2, 8, 0), dynamic_shapes={"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}})
+    for i, shape in enumerate(TEXT_SHAPES):
+        inputs = encoded(*shape, i)
+        got = compiled(**dict(reversed(inputs.items())))
+        with torch.no_grad():
+            want = model(**inputs)
+        assert type(got) is type(want) and list(got.keys()) == list(want.keys())
+        torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, **TOL)
+        torch.testing.assert_close(got.pooler_output, want.pooler_output, **TOL)
+    with pytest.raises(disc.ShapeError, match="attention_mask"):
+        compiled(input_ids=inputs["input_ids"])
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2", "convbert"])
 def test_model_through_the_dynamo_backend(kind):
     torch._dynamo.reset()
