@@ -710,11 +710,17 @@ def _hold_back_weights(ep: Any) -> tuple[Any, tuple[str, ...], tuple[np.ndarray,
         return out
 
     state_dict, constants = replaced(ep.state_dict), replaced(ep.constants)
-    ep = torch.export.ExportedProgram(root=ep.graph_module, graph=ep.graph, graph_signature=ep.graph_signature,
-                                      state_dict=state_dict, range_constraints=ep.range_constraints,
-                                      module_call_graph=ep.module_call_graph, example_inputs=ep.example_inputs,
-                                      constants=constants, verifiers=ep.verifiers)
-    return ep, tuple(names), tuple(arrays)
+    return _rebuilt(ep, state_dict=state_dict, constants=constants), tuple(names), tuple(arrays)
+
+
+def _rebuilt(ep: Any, **parts: Any) -> Any:
+    """A new ExportedProgram of `ep`'s graph with the given parts (`state_dict=`, ...) replaced."""
+    import torch
+
+    return torch.export.ExportedProgram(**{
+        "root": ep.graph_module, "graph": ep.graph, "graph_signature": ep.graph_signature, "state_dict": ep.state_dict,
+        "range_constraints": ep.range_constraints, "module_call_graph": ep.module_call_graph, "example_inputs": ep.example_inputs,
+        "constants": ep.constants, "verifiers": ep.verifiers, **parts})
 
 
 class _ParameterHooks:
@@ -778,6 +784,9 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
     def export(spec: Any) -> Any:
         return torch.export.export(model, args, kwargs, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
 
+    if "transformers" in sys.modules:  # its models return (and take) their KV caches
+        _register_transformers_caches()
+
     try:
         return export(dynamic_shapes)
     except Exception as e:
@@ -790,6 +799,25 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
         except Exception:
             pass  # the first error says more (its suggested fixes name the user's dims)
     raise CompileError(f"torch.export failed: {error}") from None
+
+
+@functools.cache
+def _register_transformers_caches() -> None:
+    """transformers' KV caches as torch pytree nodes, so that torch.export takes a model that
+    returns (or takes) them: `DynamicCache` as transformers' own export registers it, and
+    `EncoderDecoderCache` (T5's, BART's, Whisper's) as its self- and cross-attention caches."""
+    import torch
+    from transformers.cache_utils import EncoderDecoderCache
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+    try:
+        torch.utils._pytree.register_pytree_node(
+            EncoderDecoderCache, lambda c: ([c.self_attention_cache, c.cross_attention_cache], None),
+            lambda caches, _: EncoderDecoderCache(*caches), serialized_type_name=f"{EncoderDecoderCache.__module__}.EncoderDecoderCache")
+    except ValueError as e:  # registered already (by transformers itself, in a later version)
+        if "already registered" not in str(e):
+            raise
 
 
 def _as_hints(spec: Any) -> Any:
@@ -941,6 +969,8 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         ep, specs = _export(model.eval(), args, kwargs, dynamic_shapes), _tensor_specs(model, args, kwargs, dynamic_shapes)
     dims = _input_dims(ep)
     names = _dim_names(specs, dims)
+    binding = _binding(ep)
+    ep = _plain_structure(ep, arguments=False)
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     _decomposable_forms(ep)
     try:
@@ -957,9 +987,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     _weights_in_lists(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
         node.meta.pop("from_node", None)
-    binding = _binding(ep)
-    _flat_call_structure(ep)
-    ep, held_back, weights = _hold_back_weights(ep)
+    ep, held_back, weights = _hold_back_weights(_plain_structure(ep, arguments=True))
     fd, path = tempfile.mkstemp(prefix="disc-", suffix=".pt2")  # removed once compiled (kept as the reproducer of a crash)
     os.close(fd)
     try:
@@ -973,18 +1001,25 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
                   weights=weights), binding
 
 
-def _flat_call_structure(ep: Any) -> None:
-    """The program's argument and result structure made plain tuples of its inputs and outputs:
-    the compiler worker loads the saved program without the model's library, whose classes in it
-    (transformers' `ModelOutput`s) it could not rebuild. The caller keeps the structure (`_binding`)."""
+def _plain_structure(ep: Any, arguments: bool) -> Any:
+    """The program with its results (and with `arguments`, its arguments too) structured as a plain
+    tuple of its outputs (inputs). Results before anything retraces the program: rebuilding a
+    model's output classes inside the trace runs their code (a transformers `DynamicCache` creates
+    tensors, which torch's decomposition then fails to find). Both for the compiler worker, which
+    does not import the model's library and could not load its classes. The caller keeps the
+    structure (`_binding`)."""
     import dataclasses
 
-    from torch.utils._pytree import tree_structure
+    from torch.utils._pytree import tree_leaves, tree_structure
 
-    root = ep.module_call_graph[0]  # the root module's entry (replaced: the user's program may share it)
-    ep.module_call_graph[0] = dataclasses.replace(root, signature=dataclasses.replace(
-        root.signature, in_spec=tree_structure((tuple(ep.graph_signature.user_inputs), {})),
-        out_spec=tree_structure(tuple(range(len(ep.graph_signature.user_outputs))))))
+    root = ep.module_call_graph[0]  # the root module's entry
+    signature = dataclasses.replace(root.signature, out_spec=tree_structure(tuple(range(len(ep.graph_signature.user_outputs)))))
+    examples = ep.example_inputs
+    if arguments:
+        signature = dataclasses.replace(signature, in_spec=tree_structure((tuple(ep.graph_signature.user_inputs), {})))
+        examples = None if examples is None else (tuple(tree_leaves(examples)), {})
+    return _rebuilt(ep, module_call_graph=[dataclasses.replace(root, signature=signature), *ep.module_call_graph[1:]],
+                    example_inputs=examples)
 
 
 def _binding(ep: Any) -> Binding:
