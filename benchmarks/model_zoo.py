@@ -2,7 +2,9 @@
 small configs with random weights (batch norms get random statistics, so no layer is an
 identity), each compiled once with dynamic dims (batch and sequence, batch and image size,
 batch alone where the model fixes the image size, or batch and waveform length) and checked
-against eager at three shapes.
+against eager at three shapes; and 9 models called as users call them (TASKS: keyword
+arguments, a decoder step with a KV cache, encoder-decoders returning their caches, a ViT at any
+image size, a video network), every result leaf checked.
 Each model runs in a process of its own with a time limit; a row records the compile time (the
 export included), the largest error relative to the output's largest value, or the error.
 Writes benchmarks/model_zoo.json (a run of some models replaces their rows).
@@ -175,7 +177,118 @@ AUDIO = {
     "wavlm": lambda T: T.WavLMModel(T.WavLMConfig(**_SPEECH)),
 }
 
-NAMES = [*TEXT, *VISION, *AUDIO]
+
+
+def _decoder_step(T):
+    """A LLaMA step with a KV cache (batch, new tokens, past length)."""
+    from library_models import DecoderStep
+
+    model = DecoderStep(T.LlamaForCausalLM(T.LlamaConfig(num_key_value_heads=2, **{**_DECODER, "use_cache": True, "max_position_embeddings": 256})))
+    g = _generator()
+
+    def inputs(b: int, past: int, new: int) -> dict:
+        import torch
+
+        return {"ids": torch.randint(3, VOCAB, (b, new), generator=g), "mask": torch.ones(b, past + new, dtype=torch.long),
+                "cache": [(torch.randn(b, 2, past, 8, generator=g), torch.randn(b, 2, past, 8, generator=g)) for _ in range(2)]}
+    b, past = _dim("batch", 1, 16), _dim("past", 1, 192)
+    layer = ({0: b, 2: past}, {0: b, 2: past})
+    return model, inputs, [(1, 9, 1), (2, 6, 3), (3, 20, 1)], {"ids": {0: b, 1: _dim("new", 1, 64)}, "mask": {0: b, 1: _dim("total", 4, 256)},
+                                                               "cache": [layer, layer]}
+
+
+def _keywords(build, *, decoder: bool = False):
+    """A transformers model as it is, called with a tokenizer's keyword arguments (and decoder ids)."""
+    def task(T):
+        g = _generator()
+
+        def inputs(b: int, s: int) -> dict:
+            import torch
+
+            ids = torch.randint(3, VOCAB, (b, s), generator=g)
+            return {"input_ids": ids, "attention_mask": torch.ones(b, s, dtype=torch.long)} | (
+                {"decoder_input_ids": ids[:, :max(1, s // 2)]} if decoder else {})
+        b, s = _dim("batch", 1, 32), _dim("seq", 1, 120)
+        dynamic = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}} | ({"decoder_input_ids": {0: b, 1: _dim("target", 1, 60)}}
+                                                                                   if decoder else {})
+        return build(T), inputs, [(1, 5), (3, 17), (2, 40)], dynamic
+    return task
+
+
+def _whisper(T):
+    """Whisper's encoder over fixed-length log-mel frames, its decoder over any number of tokens."""
+    model = T.WhisperModel(T.WhisperConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                                           encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=50, **_COMMON,
+                                           decoder_start_token_id=1))
+    g = _generator()
+
+    def inputs(b: int, t: int) -> dict:
+        import torch
+
+        return {"input_features": torch.randn(b, 16, 100, generator=g), "decoder_input_ids": torch.randint(3, VOCAB, (b, t), generator=g)}
+    b = _dim("batch", 1, 32)
+    return model, inputs, [(1, 1), (3, 11), (2, 30)], {"input_features": {0: b}, "decoder_input_ids": {0: b, 1: _dim("target", 1, 60)}}
+
+
+def _vit_any_size(T):
+    """A ViT whose position table is interpolated to the image's patch grid (images of any size in
+    multiples of the patch)."""
+    model = T.ViTModel(T.ViTConfig(image_size=32, patch_size=8, **_SMALL))
+    g = _generator()
+
+    def inputs(b: int, h: int, w: int) -> dict:
+        import torch
+
+        return {"pixel_values": torch.randn(b, 3, h, w, generator=g), "interpolate_pos_encoding": True}
+    return model, inputs, [(1, 32, 48), (2, 64, 40), (3, 24, 24)], {
+        "pixel_values": {0: _dim("batch", 1, 32), 2: 8 * _dim("h8", 2, 32), 3: 8 * _dim("w8", 2, 32)}, "interpolate_pos_encoding": None}
+
+
+def _video(T):
+    """torchvision's R3D-18 over 16-frame clips of any batch and frame size."""
+    import torchvision
+
+    model = torchvision.models.video.r3d_18(num_classes=10)
+    g = _generator()
+
+    def inputs(b: int, h: int, w: int) -> dict:
+        import torch
+
+        return {"x": torch.randn(b, 3, 16, h, w, generator=g)}
+    return model, inputs, [(1, 32, 32), (2, 48, 40), (3, 40, 56)], {"x": {0: _dim("batch", 1, 16), 3: _dim("h", 32, 128),
+                                                                          4: _dim("w", 32, 128)}}
+
+
+def _generator():
+    import torch
+
+    return torch.Generator().manual_seed(1)
+
+
+def _dim(name: str, lo: int, hi: int):
+    from torch.export import Dim
+
+    return Dim(name, min=lo, max=hi)
+
+
+# models called as users call them (keyword arguments, KV caches, encoder-decoders; each result
+# compared leaf by leaf): name -> builder of (model, inputs of a shape, shapes, dynamic_shapes)
+TASKS = {
+    "llama_decode_step": _decoder_step,
+    "gpt2_lm_with_cache": _keywords(lambda T: T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, **_COMMON))),
+    "bert_classifier": _keywords(lambda T: T.BertForSequenceClassification(T.BertConfig(num_labels=3, **_SMALL, **_COMMON))),
+    "clip_text": _keywords(lambda T: T.CLIPTextModel(T.CLIPTextConfig(max_position_embeddings=128, **_SMALL, **_COMMON))),
+    "t5_seq2seq": _keywords(lambda T: T.T5Model(T.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=VOCAB)),
+                            decoder=True),
+    "bart_seq2seq": _keywords(lambda T: T.BartModel(T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                                                 decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                                                 max_position_embeddings=128, **_COMMON)), decoder=True),
+    "whisper": _whisper,
+    "vit_any_size": _vit_any_size,
+    "tv_r3d_18": _video,
+}
+
+NAMES = [*TEXT, *VISION, *AUDIO, *TASKS]
 
 
 def check_one(name: str, dynamo: bool) -> dict:
@@ -184,6 +297,7 @@ def check_one(name: str, dynamo: bool) -> dict:
     import torch
     from library_models import LastHiddenState, PixelFeatures, WaveformFeatures, declare_torchvision_ops
     from torch.export import Dim
+    from torch.utils._pytree import tree_leaves
 
     import disc_stablehlo as disc
 
@@ -193,7 +307,9 @@ def check_one(name: str, dynamo: bool) -> dict:
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    if name in TEXT:
+    if name in TASKS:
+        model, inputs, shapes, dynamic = TASKS[name](T)
+    elif name in TEXT:
         model = LastHiddenState(TEXT[name](T).eval())
         batch, seq = Dim("batch", max=32), Dim("seq", max=120)
         dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
@@ -236,15 +352,19 @@ def check_one(name: str, dynamo: bool) -> dict:
     else:
         compiled = disc.compile(model, inputs(*shapes[1]), dynamic_shapes=dynamic)
         compile_s = time.perf_counter() - start
+
+    def call(f, args):
+        return f(**args) if isinstance(args, dict) else f(*args)
     errors = []
     for shape in shapes:
         args = inputs(*shape)
         with torch.no_grad():
-            got = compiled(*args)
+            got = call(compiled, args)
             if dynamo and not errors:
                 compile_s = time.perf_counter() - start  # its first call compiles
-            want = model(*args)
-        errors.append(float((got - want).abs().max() / want.abs().max().clamp_min(1e-30)))
+            want = call(model, args)
+        errors.append(max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in
+                          zip(tree_leaves(got), tree_leaves(want), strict=True)))
     return {"model": name, "compile_s": round(compile_s, 1), "max_rel_err": max(errors), "ok": max(errors) < 1e-4}
 
 

@@ -602,16 +602,28 @@ class Executable:
 class Binding:
     """How a caller's arguments map to the compiled inputs and the results back to the source
     function's structure (JAX pytrees, TF nests, a PyTorch model's outputs). A loaded artifact keeps
-    the argument mapping; its results come as one array or a tuple."""
+    the argument mapping and takes the flat arguments (the fixed ones too, checked); its results come
+    as one array or a tuple."""
     kept_args: tuple[int, ...] | None = None  # flat argument indices the module keeps (JAX drops unused ones)
     num_flat_args: int | None = None
     pytree: str = ""                          # "jax" or "torch": arguments are that library's pytrees
     keywords: tuple[str, ...] = ()            # keyword arguments, read after the positional ones in this order
+    fixed: tuple[tuple[int, str, Any], ...] = ()  # (flat index, name, value) of arguments fixed when compiled (PyTorch's non-tensors)
     pack_results: Callable[[list], Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kept_args": list(self.kept_args) if self.kept_args is not None else None, "num_flat_args": self.num_flat_args,
-                "keywords": list(self.keywords)}
+                "fixed": [list(f) for f in self.fixed]}
+
+    def without_fixed(self, leaves: list[Any]) -> list[Any]:
+        """The leaves without the arguments fixed when compiled, each checked to be what it was then."""
+        for i, name, value in self.fixed:
+            x = leaves[i] if i < len(leaves) else None
+            if i < len(leaves) and (hasattr(x, "shape") or isinstance(x, bool) != isinstance(value, bool) or x != value):
+                raise ShapeError(f"argument '{name}' is {x!r}; this function was compiled for {value!r} (torch.export fixes "
+                                 "arguments that are not tensors at their example values: compile again for another value)")
+        skip = {f[0] for f in self.fixed}
+        return [x for i, x in enumerate(leaves) if i not in skip]
 
 
 class CompiledFunction:
@@ -647,6 +659,8 @@ class CompiledFunction:
         if kwargs.keys() != set(b.keywords):
             raise ShapeError(f"expected the keyword arguments {sorted(b.keywords)} (as compiled), got {sorted(kwargs)}")
         leaves, kind = _flatten(args + tuple(kwargs[k] for k in b.keywords), b.pytree)
+        if b.fixed:
+            leaves = b.without_fixed(leaves)
         if b.kept_args is not None:
             if len(leaves) != b.num_flat_args:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")

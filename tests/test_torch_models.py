@@ -518,6 +518,35 @@ def test_an_expanded_example_input_compiles_for_row_major_arguments():
         torch.testing.assert_close(compiled(x, pos), Model()(x, pos))
 
 
+def test_arguments_that_are_not_tensors_are_fixed_and_checked_on_every_call(tmp_path):
+    """torch.export fixes a flag, a number, a string or None at its example value: the compiled
+    function takes them where the model does (positional or keyword, nested), and a call with
+    another value is a ShapeError naming the argument, loaded from an artifact too."""
+    class Model(torch.nn.Module):
+        def forward(self, x, pair, scale=1.0, none=None, mode="add", flag=False):
+            y = x * scale + (pair[0] if mode == "add" else -pair[0])
+            return (y, y * pair[1]) if flag else y
+
+    x, pair = torch.randn(3, 4), (torch.randn(3, 4), 7)
+    compiled = disc.compile(Model(), {"x": x, "pair": pair, "scale": 3.0, "none": None, "mode": "sub", "flag": True},
+                            dynamic_shapes={"x": {0: Dim("n")}, "pair": ({0: Dim("n")}, None), "scale": None, "none": None, "mode": None,
+                                            "flag": None})
+    assert [a.name for a in compiled.signature.args] == ["x", "pair_0"]
+    call = {"x": torch.randn(5, 4), "pair": (torch.randn(5, 4), 7), "scale": 3.0, "none": None, "mode": "sub", "flag": True}
+    torch.testing.assert_close(compiled(**call), Model()(**call))
+    for name, other in [("scale", 2.0), ("mode", "add"), ("flag", 1), ("none", 0)]:
+        with pytest.raises(disc.ShapeError, match=f"argument '{name}' is {other!r}; this function was compiled for"):
+            compiled(**{**call, name: other})
+    with pytest.raises(disc.ShapeError, match="argument 'pair_1' is 8"):
+        compiled(**{**call, "pair": (call["pair"][0], 8)})
+    compiled.save(tmp_path / "m.disc")  # loaded: the flat arguments, the fixed ones still checked
+    loaded = disc.load(tmp_path / "m.disc")
+    flat = [call["x"], call["pair"][0], 7, 3.0, None, "sub", True]
+    torch.testing.assert_close(loaded(*flat), tuple(Model()(**call)))
+    with pytest.raises(disc.ShapeError, match="argument 'mode' is 'add'"):
+        loaded(*flat[:5], "add", True)
+
+
 def test_unbounded_dim_compiles():
     """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
     finite): no range guard, any batch runs."""

@@ -588,15 +588,24 @@ def _decompositions() -> dict:
 
 
 def _range_constraints(ep: Any) -> tuple[str, ...]:
-    """'s0 >= 2', 's0 <= 512' for each symbol with finite bounds."""
+    """'s0 >= 2', 's0 <= 512' for each symbol of the tensors' dims with finite bounds (not those of
+    the inputs torch fixed, an int's)."""
+    dims = _dim_symbols(ep)
     texts = []
     for sym, vr in ep.range_constraints.items():
+        if not set(re.findall(r"\bs\d+\b", str(sym))) <= dims:
+            continue
         lo, hi = _finite(vr.lower), _finite(vr.upper)
         if lo is not None and lo > 0:
             texts.append(f"{sym} >= {lo}")
         if hi is not None and hi < 2**62:
             texts.append(f"{sym} <= {hi}")
     return tuple(texts)
+
+
+def _dim_symbols(ep: Any) -> set[str]:
+    """torch.export's symbols in the dims of the tensors the user passes."""
+    return {s for shape in _input_dims(ep) for d in shape if isinstance(d, str) for s in re.findall(r"\bs\d+\b", d)}
 
 
 def _finite(bound: Any) -> int | None:
@@ -662,11 +671,11 @@ def _rename(text: str, names: dict[str, str]) -> str:
 
 
 def _input_dims(ep: Any) -> list[tuple[int | str, ...]]:
-    """Per user input, its dims: ints, or the symbolic expression torch.export gave them."""
-    user_inputs = set(ep.graph_signature.user_inputs)
+    """Per tensor the user passes, its dims: ints, or the symbolic expression torch.export gave them."""
+    tensors = {s.arg.name for s in _user_input_specs(ep) if not _is_constant(s)}
     dims = []
     for node in ep.graph.nodes:
-        if node.op == "placeholder" and node.name in user_inputs:
+        if node.op == "placeholder" and node.name in tensors:
             val = node.meta["val"]
             dims.append(tuple(int(d) if isinstance(d, int) or getattr(d.node, "is_constant", lambda: False)() else
                               str(d.node.expr).replace(" ", "") for d in val.shape))
@@ -876,7 +885,7 @@ def _runtime_assertions(ep: Any) -> tuple[str, ...]:
     from torch.utils._sympy.value_ranges import bound_sympy
 
     graph, texts = ep.graph, []
-    inputs = {s for shape in _input_dims(ep) for d in shape if isinstance(d, str) for s in re.findall(r"\bs\d+\b", d)}
+    inputs = _dim_symbols(ep)
     for node in list(graph.nodes):
         if node.target is not torch.ops.aten._assert_scalar.default or not isinstance(node.args[0], torch.fx.Node):
             continue
@@ -1010,30 +1019,50 @@ def _plain_structure(ep: Any, arguments: bool) -> Any:
     structure (`_binding`)."""
     import dataclasses
 
-    from torch.utils._pytree import tree_leaves, tree_structure
+    from torch.utils._pytree import tree_structure
 
     root = ep.module_call_graph[0]  # the root module's entry
     signature = dataclasses.replace(root.signature, out_spec=tree_structure(tuple(range(len(ep.graph_signature.user_outputs)))))
-    examples = ep.example_inputs
-    if arguments:
-        signature = dataclasses.replace(signature, in_spec=tree_structure((tuple(ep.graph_signature.user_inputs), {})))
-        examples = None if examples is None else (tuple(tree_leaves(examples)), {})
-    return _rebuilt(ep, module_call_graph=[dataclasses.replace(root, signature=signature), *ep.module_call_graph[1:]],
-                    example_inputs=examples)
+    parts: dict[str, Any] = {}
+    if arguments:  # the tensors alone: the inputs torch fixed (no node reads them) go
+        constants = [s for s in _user_input_specs(ep) if _is_constant(s)]
+        for node in [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in {s.arg.name for s in constants}]:
+            ep.graph.erase_node(node)
+        ep.graph_module.recompile()
+        tensors = [s for s in _user_input_specs(ep) if not _is_constant(s)]
+        parts = {"graph_signature": dataclasses.replace(ep.graph_signature, input_specs=[s for s in ep.graph_signature.input_specs
+                                                                                         if s not in constants]),
+                 "example_inputs": None}
+        signature = dataclasses.replace(signature, in_spec=tree_structure((tuple(s.arg.name for s in tensors), {})))
+    return _rebuilt(ep, module_call_graph=[dataclasses.replace(root, signature=signature), *ep.module_call_graph[1:]], **parts)
 
 
 def _binding(ep: Any) -> Binding:
     """Arguments taken as the model takes them (tensors in nested lists, tuples and dicts, flattened
     in torch's order; the keyword arguments it was exported with), results given back in the
     model's output structure (a transformers `ModelOutput`, a dict, a tuple) where each of its
-    leaves is a result."""
+    leaves is a result. Arguments that are not tensors (a flag, a scale) torch.export fixed at
+    their example values: the call checks them and passes them on to nothing."""
     from torch.utils._pytree import tree_unflatten
 
     keywords = tuple(ep.call_spec.in_spec.child(1).context) if ep.call_spec.in_spec is not None else ()
+    fixed = tuple((i, s.arg.name, s.arg.value) for i, s in enumerate(_user_input_specs(ep)) if _is_constant(s))
     spec = ep.call_spec.out_spec
-    if spec is None or spec.num_leaves != len(ep.graph_signature.user_outputs):
-        return Binding(pytree="torch", keywords=keywords)
-    return Binding(pytree="torch", keywords=keywords, pack_results=functools.partial(tree_unflatten, treespec=spec))
+    pack = functools.partial(tree_unflatten, treespec=spec) if spec is not None and spec.num_leaves == len(ep.graph_signature.user_outputs) else None
+    return Binding(pytree="torch", keywords=keywords, fixed=fixed, pack_results=pack)
+
+
+def _user_input_specs(ep: Any) -> list[Any]:
+    from torch.export.graph_signature import InputKind
+
+    return [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+
+
+def _is_constant(spec: Any) -> bool:
+    """An input torch.export fixed at its example value (not a tensor: a bool, a number, a string, None)."""
+    from torch.export.graph_signature import ConstantArgument
+
+    return isinstance(spec.arg, ConstantArgument)
 
 
 def _refuse_foreign_ops(ep: Any) -> None:

@@ -58,3 +58,24 @@ class WaveformFeatures(PixelFeatures):
     """A transformers speech model called with raw waveforms, returning its last hidden state."""
 
     argument = "input_values"
+
+
+class DecoderStep(torch.nn.Module):
+    """One step of a causal LM with a KV cache, as a generation loop calls it: new ids, the mask of
+    past and new positions, and the cache as a list of (keys, values) per layer (any past length);
+    returns the logits and the cache grown by the new positions."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask, cache):
+        from transformers import DynamicCache
+
+        past = DynamicCache()
+        for i, (k, v) in enumerate(cache):
+            past.update(k, v, i)
+        n = cache[0][0].shape[2]
+        positions = torch.arange(n, n + ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=past, position_ids=positions, use_cache=True)
+        return out.logits, [(layer.keys, layer.values) for layer in out.past_key_values.layers]

@@ -16,7 +16,7 @@ from torch.export import Dim  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 import disc_stablehlo as disc  # noqa: E402
-from library_models import LastHiddenState, PixelFeatures, declare_torchvision_ops  # noqa: E402
+from library_models import DecoderStep, LastHiddenState, PixelFeatures, declare_torchvision_ops  # noqa: E402
 
 declare_torchvision_ops()
 
@@ -136,25 +136,6 @@ def test_a_detection_transformer_compiled_once_for_any_image_size():
     for b, h, w in [(1, 64, 64), (3, 96, 80), (2, 160, 112)]:
         _check(compiled, model, (torch.randn(b, 3, h, w, generator=g),))
     assert compiled.compile_count == 1
-
-
-class DecoderStep(torch.nn.Module):
-    """One step of a causal LM with a KV cache, as a generation loop calls it: new ids, the mask of
-    past and new positions, and the cache as a list of (keys, values) per layer (any past length);
-    returns the logits and the cache grown by the new positions."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, mask, cache):
-        past = transformers.DynamicCache()
-        for i, (k, v) in enumerate(cache):
-            past.update(k, v, i)
-        n = cache[0][0].shape[2]
-        positions = torch.arange(n, n + ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=past, position_ids=positions, use_cache=True)
-        return out.logits, [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
 def test_a_decoder_step_with_a_kv_cache_of_any_length():
