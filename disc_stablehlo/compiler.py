@@ -22,7 +22,7 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
 
     `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
     `jax.export.symbolic_shape`), a `jax.export.Exported`, or a StableHLO module as text, MLIR
-    bytecode or a portable artifact, or a `torch.nn.Module` with example inputs (a tuple of
+    bytecode or a portable artifact, or a `torch.nn.Module` (or a function of torch tensors) with example inputs (a tuple of
     positional arguments or a dict of keyword arguments) and `dynamic_shapes=` in `torch.export`
     conventions (or a `torch.export.ExportedProgram`).
 

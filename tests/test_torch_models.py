@@ -547,6 +547,21 @@ def test_arguments_that_are_not_tensors_are_fixed_and_checked_on_every_call(tmp_
         loaded(*flat[:5], "add", True)
 
 
+def test_a_function_of_torch_tensors_compiles_like_a_module():
+    """A plain function (or lambda) with example tensors goes through torch.export as a module with
+    the function's signature: dynamic_shapes by parameter name or by position."""
+    def fn(x, w, *, scale=2.0):
+        return torch.sin(x) @ w * scale
+
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    by_name = disc.compile(fn, (x, w), dynamic_shapes={"x": {0: Dim("n")}, "w": None})
+    by_position = disc.compile(lambda x, w: fn(x, w), (x, w), dynamic_shapes=({0: Dim("n")}, None))
+    assert [a.shape for a in by_name.signature.args] == [("n", 4), (4, 2)]
+    x = torch.randn(7, 4)
+    torch.testing.assert_close(by_name(x, w), fn(x, w))
+    torch.testing.assert_close(by_position(x, w), fn(x, w))
+
+
 def test_unbounded_dim_compiles():
     """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
     finite): no range guard, any batch runs."""

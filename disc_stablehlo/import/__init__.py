@@ -74,7 +74,7 @@ def _frontend(obj: Any, specs: tuple) -> tuple[Exporter, tuple[str, ...]]:
         if accepts(obj, specs):
             return convert, modules
     raise CompileError(f"cannot compile a {type(obj).__name__}: expected a JAX function with ShapeDtypeStruct "
-                       "specs, a jax.export.Exported, a torch.nn.Module or ExportedProgram, a TensorFlow function "
+                       "specs, a jax.export.Exported, a torch.nn.Module, ExportedProgram or function with example tensors, a TensorFlow function "
                        "with tf.TensorSpec specs, or a StableHLO module (text, bytecode or portable artifact)")
 
 

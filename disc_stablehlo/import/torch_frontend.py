@@ -24,8 +24,29 @@ from . import Imported, Source, entry_name, find_entry, parse_stablehlo, registe
 
 
 def _is_torch(obj: Any, specs: tuple) -> bool:
+    """A module, an exported program, or a function whose example inputs hold torch tensors."""
     torch = sys.modules.get("torch")  # never import torch for another frontend's input
-    return torch is not None and isinstance(obj, (torch.nn.Module, torch.export.ExportedProgram))
+    if torch is None:
+        return False
+    return isinstance(obj, (torch.nn.Module, torch.export.ExportedProgram)) or (
+        callable(obj) and any(isinstance(x, torch.Tensor) for x in torch.utils._pytree.tree_leaves(specs)))
+
+
+def _as_module(fn: Callable) -> Any:
+    """A function of torch tensors as a module whose `forward` has the function's signature (the
+    names dynamic_shapes may use)."""
+    import inspect
+
+    import torch
+
+    class Function(torch.nn.Module):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+    signature = inspect.signature(fn)
+    Function.forward.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()])
+    return Function()
 
 
 def _sort_stable(x: Any, *, stable: bool | None = None, dim: int = -1, descending: bool = False) -> Any:
@@ -970,6 +991,8 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     if isinstance(model, torch.export.ExportedProgram):
         ep, specs = model, []
     else:
+        if not isinstance(model, torch.nn.Module):
+            model = _as_module(model)
         if isinstance(example_inputs, collections.abc.Mapping):  # keyword arguments (a tokenizer's output)
             args, kwargs = (), dict(example_inputs)
         else:
