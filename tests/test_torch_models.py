@@ -3,6 +3,8 @@ against eager PyTorch at >= 3 shapes each."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from conftest import gemm_call_args
 
@@ -719,6 +721,32 @@ def test_torch_compile_backend_compiles_each_graph_once(monkeypatch):
             x = torch.randn(b, s, 8)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(calls) == 2  # the graphs on either side of the break, each compiled once for all shapes
+
+
+class SliceAfterBreak(torch.nn.Module):
+    def forward(self, x, n):
+        y = x.relu()
+        torch._dynamo.graph_break()
+        return y[:, :n] * 2  # n: a size no input tensor of this graph has
+
+
+def test_a_graph_given_a_size_no_tensor_has_compiles_with_the_size_carried(monkeypatch):
+    """A graph input that is a size but no dim of the graph's tensors (an int argument, a length
+    computed before a graph break): carried by an empty tensor of that many rows, not a fallback."""
+    import disc_stablehlo.compiler as compiler
+
+    calls = []
+    real = compiler.compile_source
+    monkeypatch.setattr(compiler, "compile_source", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch._dynamo.reset()
+    model = SliceAfterBreak()
+    compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no graph may fall back to PyTorch
+        for b, s, n in [(2, 9, 3), (4, 7, 5), (3, 12, 2)]:
+            x = torch.randn(b, s)
+            torch.testing.assert_close(compiled(x, n), model(x, n))
+    assert len(calls) == 2
 
 
 def test_masked_attention_softmax_is_one_kernel():

@@ -1472,12 +1472,14 @@ _IMPORTER_MODULES = ("torch", "torch.export", "torch._export.serde.serialize", "
 register_frontend(_is_torch, _export_torch, "torch", import_torch, _IMPORTER_MODULES)
 
 
-def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[list, list], tuple]]:
+def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[tuple], list], Callable[[list, list], tuple]]:
     """An ATen-level FX graph (AOTAutograd's, under dynamo) as an exported program for the
-    compiler worker, and how to assemble the graph's outputs from the compiled results and the
-    input tensors. Dynamic sizes arrive as separate integer inputs; the exported function takes
-    the tensors only and reads each size from the tensor dim that carries the same symbol. It
-    returns the tensor outputs only: sizes the graph returns are computed from the inputs' dims.
+    compiler worker, the compiled function's arguments from the graph's, and how to assemble the
+    graph's outputs from the compiled results and those arguments. Dynamic sizes arrive as
+    separate integer inputs; the exported function takes the tensors only and reads each size
+    from the tensor dim that carries the same symbol, or, for a size no input tensor has (a
+    sequence length the graph slices to), from an empty tensor of that many rows passed beside
+    them. It returns the tensor outputs only: sizes the graph returns are computed from the inputs' dims.
     Its example tensors have the fake ones' sizes (their hints) and every dim dynamo made symbolic
     is `Dim.AUTO`: torch.export finds their relations and ranges (the guards dynamo holds) again."""
     import torch
@@ -1489,13 +1491,19 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[lis
             if isinstance(size, torch.SymInt):
                 where.setdefault(str(size.node.expr), (k, d))
     layout: list[int | tuple[int, int]] = []  # per graph input: its tensor's index, or (tensor, dim) of its size
-    for x in example_inputs:
+    carried: list[int] = []  # the graph inputs of sizes no tensor has, each carried by an empty tensor (rows: the size)
+    for i, x in enumerate(example_inputs):
+        expr = getattr(getattr(x, "node", None), "expr", None)
         if isinstance(x, torch.Tensor):
             layout.append(sum(1 for entry in layout if isinstance(entry, int)))
-        elif str(getattr(getattr(x, "node", None), "expr", "")) in where:
-            layout.append(where[str(x.node.expr)])
+        elif str(expr) not in where and isinstance(x, torch.SymInt) and expr.is_Symbol:
+            carried.append(i)
+            where[str(expr)] = (len(tensors) + len(carried) - 1, 0)
+            layout.append(where[str(expr)])
+        elif str(expr) in where:
+            layout.append(where[str(expr)])
         else:
-            raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor the size of one")
+            raise CompileError(f"disc_stablehlo backend: graph input {x!r} is neither a tensor nor a size")
     outputs = [_traced(out) for out in next(iter(gm.graph.find_nodes(op="output"))).args[0]]
     keep = [isinstance(v, torch.Tensor) for v in outputs]
     for v in outputs:
@@ -1525,15 +1533,19 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[lis
             outs = self.graph_module(*[xs[e] if isinstance(e, int) else xs[e[0]].shape[e[1]] for e in layout])
             return tuple(o for o, is_tensor in zip(outs, keep) if is_tensor)
 
+    def arguments(args: tuple) -> list:
+        return [args[i] for i in tensors] + [torch.empty(int(args[i]), 0) for i in carried]
+
     from torch._guards import tracing
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), tracing(None):  # a fresh export with real example tensors, outside dynamo's tracing
-        examples = [torch.zeros([int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in example_inputs[i].shape],
-                                dtype=example_inputs[i].dtype) for i in tensors]
-        dynamic = [{d: torch.export.Dim.AUTO for d, size in enumerate(example_inputs[i].shape) if isinstance(size, torch.SymInt)} or None
-                   for i in tensors]
-        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0], assemble
+        shapes = [example_inputs[i].shape for i in tensors] + [(example_inputs[i], 0) for i in carried]
+        examples = [torch.zeros([int(d.node.hint) if isinstance(d, torch.SymInt) else int(d) for d in shape],
+                                dtype=example_inputs[i].dtype if k < len(tensors) else torch.float32)
+                    for k, (i, shape) in enumerate(zip(tensors + carried, shapes))]
+        dynamic = [{d: torch.export.Dim.AUTO for d, size in enumerate(shape) if isinstance(size, torch.SymInt)} or None for shape in shapes]
+        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0], arguments, assemble
 
 
 def _failing_op(error: Exception) -> str:
@@ -1553,7 +1565,6 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     `torch_dynamo_backends` entry point."""
     import warnings
 
-    import torch
     from torch._dynamo.backends.common import aot_autograd
 
     from .. import worker
@@ -1563,7 +1574,7 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     def forward_compiler(graph: Any, inputs: list) -> Any:
         started = worker.prepare(_IMPORTER_MODULES)
         try:
-            source, assemble = _from_fx_graph(graph, inputs)
+            source, arguments, assemble = _from_fx_graph(graph, inputs)
             compiled = compile_source(source, Binding(), prepared=started)
         except DiscError as e:
             warnings.warn(f"disc_stablehlo: a captured graph runs in PyTorch: it holds {_failing_op(e)}, which could not be "
@@ -1571,9 +1582,9 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
             return graph
 
         def run(*args):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            out = compiled(*tensors)
-            return assemble(list(out) if isinstance(out, tuple) else [out], tensors)
+            inputs = arguments(args)
+            out = compiled(*inputs)
+            return assemble(list(out) if isinstance(out, tuple) else [out], inputs)
         run.disc_compiled = compiled
         return run
     return aot_autograd(fw_compiler=forward_compiler, decompositions=_decompositions())(gm, example_inputs)
