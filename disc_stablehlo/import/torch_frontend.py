@@ -828,7 +828,10 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
             return export(hinted)
         except Exception:
             pass  # the first error says more (its suggested fixes name the user's dims)
-    raise CompileError(f"torch.export failed: {error}") from None
+    moduli = re.findall(r"x/(\d+)", str(error)) if solving and isinstance(error, NotImplementedError) else []
+    hint = (f" (torch's solver cannot handle a guard that a dim is divisible, here by {max(map(int, moduli))}: declare such dims "
+            f"as multiples of what the model needs, e.g. {max(map(int, moduli))} * Dim(...))") if moduli else ""
+    raise CompileError(f"torch.export failed: {' '.join(str(error).split()) or type(error).__name__}{hint}") from None
 
 
 @functools.cache
