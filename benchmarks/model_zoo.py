@@ -288,7 +288,19 @@ TASKS = {
     "tv_r3d_18": _video,
 }
 
-NAMES = [*TEXT, *VISION, *AUDIO, *TASKS]
+# timm's image models (the `bench` extra installs timm): name -> the image size their position
+# tables or windows fix (None: any size from 64 to 512 pixels a side)
+TIMM = {
+    "resnet18": None, "efficientnet_b0": None, "mobilenetv3_small_100": None, "convnext_atto": None, "regnetx_002": None,
+    "ghostnet_100": None, "rexnet_100": None, "mixnet_s": None, "hrnet_w18_small": None, "nf_resnet26": None, "efficientvit_b0": None,
+    "mobileone_s0": None, "repvit_m1": None, "poolformer_s12": None, "dpn68": 224, "res2net50_14w_8s": 224, "fastvit_t8": 256,
+    "edgenext_xx_small": 256, "vit_tiny_patch16_224": 224, "deit_tiny_patch16_224": 224, "levit_128s": 224, "mobilevit_xxs": 256,
+    "efficientformer_l1": 224, "coat_lite_tiny": 224, "pit_ti_224": 224, "swin_tiny_patch4_window7_224": 224, "maxvit_nano_rw_256": 256,
+    "xcit_nano_12_p16_224": 224, "crossvit_tiny_240": 240, "cait_xxs24_224": 224, "volo_d1_224": 224, "tresnet_m": 224,
+    "sebotnet33ts_256": 256, "convmixer_768_32": 224,
+}
+
+NAMES = [*TEXT, *VISION, *AUDIO, *TASKS, *(f"timm_{n}" for n in TIMM)]
 
 
 def check_one(name: str, dynamo: bool) -> dict:
@@ -327,7 +339,12 @@ def check_one(name: str, dynamo: bool) -> dict:
         def inputs(b: int, n: int) -> tuple:
             return (torch.randn(b, n, generator=g),)
     else:
-        build, side = VISION[name]
+        if name.startswith("timm_"):
+            import timm
+
+            build, side = (lambda _: timm.create_model(name[5:], pretrained=False, num_classes=10)), TIMM[name[5:]]
+        else:
+            build, side = VISION[name]
         model = PixelFeatures(build(T).eval()) if name.startswith("hf_") else build(torchvision.models).eval()
         dims = {0: Dim("batch", max=32)} if side else {0: Dim("batch", max=32), 2: Dim("h", min=64, max=512), 3: Dim("w", min=64, max=512)}
         dynamic = {"x": dims}

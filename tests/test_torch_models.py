@@ -564,6 +564,32 @@ def test_a_function_of_torch_tensors_compiles_like_a_module():
     torch.testing.assert_close(by_position(x, w), fn(x, w))
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_resizing_to_sizes_known_at_run_time(mode):
+    """`interpolate(antialias=True)` (timm's position tables resized to the image, torchvision's
+    resizing) to the size of another input: shrinking and growing, corners aligned or not, match
+    torch; a non-integral factor of a dynamic size is refused by name."""
+    import torch.nn.functional as F
+
+    for corners in (False, True):
+        class Resize(torch.nn.Module):
+            def forward(self, x, like):
+                return F.interpolate(x, size=like.shape[-2:], mode=mode, antialias=True, align_corners=corners)
+
+        compiled = disc.compile(Resize(), (torch.randn(2, 3, 10, 12), torch.randn(1, 1, 16, 7)),
+                                dynamic_shapes={"x": {0: Dim("b"), 2: Dim("h", min=2), 3: Dim("w", min=2)},
+                                                "like": {2: Dim("oh", min=2), 3: Dim("ow", min=2)}})
+        for h, w, oh, ow in [(10, 12, 16, 7), (14, 14, 5, 30), (32, 20, 3, 2)]:
+            x, like = torch.randn(2, 3, h, w), torch.randn(1, 1, oh, ow)
+            torch.testing.assert_close(compiled(x, like), Resize()(x, like), rtol=1e-5, atol=1e-5)
+
+    class ByFactor(torch.nn.Module):
+        def forward(self, x):
+            return F.interpolate(x, scale_factor=0.37, mode=mode, antialias=True)
+    with pytest.raises(disc.UnsupportedOpError, match="non-integral factor 0.37"):
+        disc.compile(ByFactor(), (torch.randn(2, 3, 40, 30),), dynamic_shapes={"x": {2: Dim("h", min=8)}})
+
+
 def test_unbounded_dim_compiles():
     """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
     finite): no range guard, any batch runs."""

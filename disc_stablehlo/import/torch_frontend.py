@@ -290,6 +290,58 @@ def _clamp_tensor(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A00
     return x if max is None else torch.minimum(x, max)
 
 
+def _bilinear_filter(t: Any) -> Any:
+    import torch
+
+    return torch.clamp(1 - t.abs(), min=0)
+
+
+def _bicubic_filter(t: Any) -> Any:
+    """Keys' cubic with a = -0.5 (PIL's, which antialiased resizing follows; plain bicubic takes -0.75)."""
+    import torch
+
+    a, t = -0.5, t.abs()
+    return torch.where(t < 1, ((a + 2) * t - (a + 3)) * t * t + 1, torch.where(t < 2, ((a * t - 5 * a) * t + 8 * a) * t - 4 * a, 0.0))
+
+
+def _upsample_antialiased(filter_: Callable) -> tuple[Callable, Callable]:
+    """`interpolate(..., antialias=True)` (timm's position tables resized to the image, torchvision's
+    resizing) as two products with weight matrices computed from the sizes: output pixel i of a
+    dim averages the inputs j around its centre (i + 1/2) * scale, weighted by the filter at
+    (j + 1/2 - centre) * min(1, 1 / scale) (widened when shrinking, so every input counts), the
+    weights of each output normalised to sum 1 (over the inputs that exist, at the borders)."""
+    def decomposition(x: Any, output_size: Any, align_corners: bool, scales_h: Any = None, scales_w: Any = None) -> Any:
+        import torch
+
+        compute = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+        y = x.to(compute)
+        for dim, n_out, factor in ((-2, output_size[0], scales_h), (-1, output_size[1], scales_w)):
+            n_in = x.shape[dim]
+            if align_corners:
+                scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+            else:
+                scale = 1.0 / factor if factor else n_in / n_out
+            centre = (torch.arange(n_out, dtype=compute) + 0.5) * scale
+            shrink = torch.clamp(torch.ones((), dtype=compute) / scale, max=1.0) if not align_corners or n_out > 1 else 1.0
+            weights = filter_((torch.arange(n_in, dtype=compute)[None, :] + 0.5 - centre[:, None]) * shrink)
+            weights = weights / weights.sum(-1, keepdim=True)
+            y = torch.matmul(weights, y) if dim == -2 else torch.matmul(y, weights.transpose(0, 1))
+        return y.to(x.dtype)
+
+    def by_factors(x: Any, output_size: Any, align_corners: bool, scale_factors: Any) -> Any:
+        """The `.vec` form: the output size from the scale factors as torch computes it (a whole
+        factor times a dynamic size; any factor of a static one), the factors passed on."""
+        if output_size is not None:
+            return decomposition(x, output_size, align_corners)
+        sizes = []
+        for n, factor in zip(x.shape[2:], scale_factors):
+            if not float(factor).is_integer() and not isinstance(n, int):
+                raise UnsupportedOpError(f"antialiased upsampling of a dynamic dim by the non-integral factor {factor}")
+            sizes.append(n * int(factor) if float(factor).is_integer() else int(n * factor))
+        return decomposition(x, sizes, align_corners, *scale_factors)
+    return decomposition, by_factors
+
+
 def _complex_mul(x: Any, other: Any) -> Any:
     """A product with a complex tensor (Llama 4's rotary positions: `torch.polar`'s result scaled,
     then multiplied into the queries and keys seen as complex pairs), which torch-mlir's StableHLO
@@ -568,7 +620,7 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners, histograms, clamps by tensors, products
+    sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, histograms, clamps by tensors, products
     of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
@@ -590,6 +642,8 @@ def _decompositions() -> dict:
     table[torch.ops.aten.histc.default] = _histc
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    for op, filter_ in ((torch.ops.aten._upsample_bilinear2d_aa, _bilinear_filter), (torch.ops.aten._upsample_bicubic2d_aa, _bicubic_filter)):
+        table[op.default], table[op.vec] = _upsample_antialiased(filter_)
     table[torch.ops.aten.mul.Tensor] = _complex_mul
     if hasattr(torch.ops.transformers, "grouped_mm_fallback"):  # registered once transformers' MoE layers are imported
         table[torch.ops.transformers.grouped_mm_fallback.default] = _grouped_mm_fallback

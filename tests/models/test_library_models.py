@@ -200,6 +200,21 @@ def test_a_model_exported_with_keyword_arguments_takes_them_and_returns_its_outp
         compiled(input_ids=inputs["input_ids"])
 
 
+def test_a_timm_vit_at_any_image_size():
+    """timm's ViT with `dynamic_img_size`: its position table resampled to the patch grid of each
+    image (antialiased bicubic interpolation to sizes known at run time), compiled once for batch,
+    height and width in whole patches."""
+    timm = pytest.importorskip("timm", reason="the timm model test needs timm (pip install disc_stablehlo[test])")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, dynamic_img_size=True, img_size=64, depth=2).eval()
+    dims = {0: Dim("batch", max=16), 2: 16 * Dim("h", min=2, max=32), 3: 16 * Dim("w", min=2, max=32)}
+    compiled = disc.compile(model, (torch.randn(2, 3, 64, 48),), dynamic_shapes={"x": dims})
+    g = torch.Generator().manual_seed(6)
+    for b, h, w in [(1, 32, 80), (3, 64, 64), (2, 112, 48)]:
+        _check(compiled, model, (torch.randn(b, 3, h, w, generator=g),))
+    assert compiled.compile_count == 1
+
+
 @pytest.mark.parametrize("kind", ["bert", "gpt2", "llama", "resnet", "vit", "dinov2", "convbert"])
 def test_model_through_the_dynamo_backend(kind):
     torch._dynamo.reset()
