@@ -829,7 +829,7 @@ def _flatten(args: tuple, pytree: str) -> tuple[list[Any], str]:
         import jax
 
         leaves = jax.tree_util.tree_leaves(args)
-    elif pytree == "torch":
+    elif pytree == "torch" and not all(hasattr(x, "shape") for x in args):  # (arrays alone are their own leaves)
         from torch.utils._pytree import tree_leaves
 
         leaves = tree_leaves(args)
