@@ -868,7 +868,7 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
     def export(spec: Any) -> Any:
         return torch.export.export(model, args, kwargs, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
 
-    if "transformers" in sys.modules:  # its models return (and take) their KV caches
+    if "transformers.modeling_utils" in sys.modules:  # a transformers model: it may return (or take) its KV caches
         _register_transformers_caches()
 
     try:
