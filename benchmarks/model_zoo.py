@@ -4,7 +4,7 @@ identity), each compiled once with dynamic dims (batch and sequence, batch and i
 batch alone where the model fixes the image size, or batch and waveform length) and checked
 against eager at three shapes; and 9 models called as users call them (TASKS: keyword
 arguments, a decoder step with a KV cache, encoder-decoders returning their caches, a ViT at any
-image size, a video network), every result leaf checked.
+image size, a video network), every result leaf checked; and 34 image models from timm.
 Each model runs in a process of its own with a time limit; a row records the compile time (the
 export included), the largest error relative to the output's largest value, or the error.
 Writes benchmarks/model_zoo.json (a run of some models replaces their rows).
@@ -292,7 +292,7 @@ TASKS = {
 # tables or windows fix (None: any size from 64 to 512 pixels a side)
 TIMM = {
     "resnet18": None, "efficientnet_b0": None, "mobilenetv3_small_100": None, "convnext_atto": None, "regnetx_002": None,
-    "ghostnet_100": None, "rexnet_100": None, "mixnet_s": None, "hrnet_w18_small": None, "nf_resnet26": None, "efficientvit_b0": None,
+    "ghostnet_100": None, "rexnet_100": None, "mixnet_s": None, "hrnet_w18_small": 224, "nf_resnet26": None, "efficientvit_b0": None,
     "mobileone_s0": None, "repvit_m1": None, "poolformer_s12": None, "dpn68": 224, "res2net50_14w_8s": 224, "fastvit_t8": 256,
     "edgenext_xx_small": 256, "vit_tiny_patch16_224": 224, "deit_tiny_patch16_224": 224, "levit_128s": 224, "mobilevit_xxs": 256,
     "efficientformer_l1": 224, "coat_lite_tiny": 224, "pit_ti_224": 224, "swin_tiny_patch4_window7_224": 224, "maxvit_nano_rw_256": 256,
