@@ -590,6 +590,21 @@ def test_antialiased_resizing_to_sizes_known_at_run_time(mode):
         disc.compile(ByFactor(), (torch.randn(2, 3, 40, 30),), dynamic_shapes={"x": {2: Dim("h", min=8)}})
 
 
+def test_fourier_transforms_of_real_tensors_become_products():
+    """`torch.fft.fftn` of a real tensor (FNet's token mixing), over some dims or all, each norm,
+    its real and imaginary parts read: discrete Fourier transforms by cosine and sine matrices
+    computed from the run-time sizes."""
+    class Mixing(torch.nn.Module):
+        def forward(self, x):
+            return (torch.fft.fftn(x, dim=(1, 2)).real, torch.fft.fftn(x, dim=(-1,), norm="ortho").imag,
+                    torch.fft.fftn(x, norm="forward").real + torch.fft.fftn(x, norm="forward").imag)
+
+    compiled = disc.compile(Mixing(), (torch.randn(2, 6, 8),), dynamic_shapes={"x": {0: Dim("b"), 1: Dim("s"), 2: Dim("h")}})
+    for shape in [(1, 5, 8), (3, 17, 12), (2, 64, 3)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(compiled(x), Mixing()(x), rtol=1e-4, atol=1e-4)
+
+
 def test_unbounded_dim_compiles():
     """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
     finite): no range guard, any batch runs."""

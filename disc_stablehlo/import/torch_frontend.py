@@ -342,6 +342,36 @@ def _upsample_antialiased(filter_: Callable) -> tuple[Callable, Callable]:
     return decomposition, by_factors
 
 
+def _fftn_of_real(x: Any, s: Any = None, dim: Any = None, norm: Any = None) -> Any:
+    """`torch.fft.fftn` of a real tensor (FNet's token mixing, `fftn(x).real`) as discrete Fourier
+    transforms by products with cosine and sine matrices computed from the sizes (the angles from
+    k * n mod N in integers), one dim after another, the result a complex tensor made of its two
+    parts (`_complex_as_pairs` carries it as pairs). Complex inputs and output sizes (`s`) keep
+    torch's form."""
+    import math
+
+    import torch
+
+    if x.is_complex() or s is not None or not x.is_floating_point():
+        return NotImplemented
+    dims = range(x.dim()) if dim is None else [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
+    re, im = x, None
+    for d in dims:
+        n = x.shape[d]
+        k = torch.arange(n, device=x.device)
+        size = torch.full((), n, dtype=x.dtype, device=x.device)  # (a float of a size would not import)
+        angle = torch.remainder(k[:, None] * k[None, :], n).to(x.dtype) * (2 * math.pi) / size
+        cos, sin = torch.cos(angle), torch.sin(angle)
+
+        def along(m: Any, t: Any) -> Any:
+            return torch.matmul(m, t.movedim(d, -2)).movedim(-2, d)
+        re, im = (along(cos, re), -along(sin, re)) if im is None else (along(cos, re) + along(sin, im), along(cos, im) - along(sin, re))
+        if norm in ("ortho", "forward"):
+            scale = size.sqrt() if norm == "ortho" else size
+            re, im = re / scale, im / scale
+    return torch.view_as_complex(torch.stack([re, torch.zeros_like(re) if im is None else im], -1))
+
+
 def _complex_mul(x: Any, other: Any) -> Any:
     """A product with a complex tensor (Llama 4's rotary positions: `torch.polar`'s result scaled,
     then multiplied into the queries and keys seen as complex pairs), which torch-mlir's StableHLO
@@ -620,7 +650,8 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, histograms, clamps by tensors, products
+    sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms of real tensors,
+    histograms, clamps by tensors, products
     of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
@@ -642,6 +673,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.histc.default] = _histc
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    table[torch.ops.aten.fft_fftn.default] = _fftn_of_real
     for op, filter_ in ((torch.ops.aten._upsample_bilinear2d_aa, _bilinear_filter), (torch.ops.aten._upsample_bicubic2d_aa, _bicubic_filter)):
         table[op.default], table[op.vec] = _upsample_antialiased(filter_)
     table[torch.ops.aten.mul.Tensor] = _complex_mul
