@@ -355,7 +355,7 @@ def _fftn_of_real(x: Any, s: Any = None, dim: Any = None, norm: Any = None) -> A
     if x.is_complex() or s is not None or not x.is_floating_point():
         return NotImplemented
     dims = range(x.dim()) if dim is None else [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
-    re, im = x, None
+    real, imag = x, None
     for d in dims:
         n = x.shape[d]
         k = torch.arange(n, device=x.device)
@@ -365,11 +365,12 @@ def _fftn_of_real(x: Any, s: Any = None, dim: Any = None, norm: Any = None) -> A
 
         def along(m: Any, t: Any) -> Any:
             return torch.matmul(m, t.movedim(d, -2)).movedim(-2, d)
-        re, im = (along(cos, re), -along(sin, re)) if im is None else (along(cos, re) + along(sin, im), along(cos, im) - along(sin, re))
+        real, imag = ((along(cos, real), -along(sin, real)) if imag is None else
+                      (along(cos, real) + along(sin, imag), along(cos, imag) - along(sin, real)))
         if norm in ("ortho", "forward"):
             scale = size.sqrt() if norm == "ortho" else size
-            re, im = re / scale, im / scale
-    return torch.view_as_complex(torch.stack([re, torch.zeros_like(re) if im is None else im], -1))
+            real, imag = real / scale, imag / scale
+    return torch.view_as_complex(torch.stack([real, torch.zeros_like(real) if imag is None else imag], -1))
 
 
 def _complex_mul(x: Any, other: Any) -> Any:
