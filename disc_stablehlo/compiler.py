@@ -23,7 +23,7 @@ def compile(fn: Any, *specs: Any, constraints: Sequence[str] = (), dynamic_shape
     `fn` is a JAX function (with `jax.ShapeDtypeStruct` specs whose dims may be symbolic, from
     `jax.export.symbolic_shape`), a `jax.export.Exported`, or a StableHLO module as text, MLIR
     bytecode or a portable artifact, or a `torch.nn.Module` (or a function of torch tensors) with example inputs (a tuple of
-    positional arguments or a dict of keyword arguments) and `dynamic_shapes=` in `torch.export`
+    positional arguments, or those one by one, or a dict of keyword arguments) and `dynamic_shapes=` in `torch.export`
     conventions (or a `torch.export.ExportedProgram`).
 
     `constraints` are facts over the dimension variables (`"s >= 8"`, `"mod(s, 8) == 0"`,

@@ -16,6 +16,11 @@ TOP_K_TARGET, TOP_K_ATTR = "disc.top_k", "disc.k"
 # weights [G, K, N], i64 offsets [G]) -> [S, N]; passes/library_calls.py calls the RAL's
 GROUPED_GEMM_TARGET = "disc.grouped_gemm"
 
+# an assertion over values computed in the call (PyTorch's over sizes read from the data,
+# import/torch_ops.py): (tensor<i1>) -> (), `error_message` its text; passes/dynamic_ops.py ends
+# the call with a ShapeError where the condition is false
+ASSERT_TARGET = "disc.assert"
+
 # JAX's LAPACK custom calls on the CPU (`lapack_<s|d|c|z><routine>_ffi`): passes/lapack.py lowers
 # them to the RAL's disc_ral_lapack; the routine's code there, by its real and complex names
 LAPACK_ROUTINES = {"getrf": 0, "potrf": 1, "geqrf": 2, "orgqr": 3, "ungqr": 3, "trsm": 4, "syevd": 5, "heevd": 5,

@@ -506,6 +506,18 @@ def test_example_inputs_that_are_one_tensor_stay_separate_arguments():
     torch.testing.assert_close(compiled(a, b), a * 2 + b.sum(dim=0))
 
 
+def test_example_inputs_may_be_given_one_by_one():
+    """`disc.compile(model, x, mask)` is `disc.compile(model, (x, mask))`."""
+    class Model(torch.nn.Module):
+        def forward(self, x, mask):
+            return x.masked_fill(mask, 0.0).sum(-1)
+
+    n = Dim("n")
+    compiled = disc.compile(Model().eval(), torch.randn(3, 4), torch.rand(3, 4) > 0.5, dynamic_shapes=({0: n}, {0: n}))
+    x, mask = torch.randn(6, 4), torch.rand(6, 4) > 0.5
+    torch.testing.assert_close(compiled(x, mask), Model()(x, mask))
+
+
 def test_an_expanded_example_input_compiles_for_row_major_arguments():
     """Position ids made by `arange(s)[None].expand(b, s)` (zero strides): exported as a copy, or
     their strides became symbols the export constrained and the compiler could not name."""

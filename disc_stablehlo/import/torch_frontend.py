@@ -410,6 +410,22 @@ def grouped_mm_op() -> Any:
     return torch.ops.disc.grouped_mm.default
 
 
+@functools.cache
+def check_op() -> Any:
+    """`disc::check(condition (a bool tensor of one element), message) -> ()`: an assertion over
+    sizes the data decides, which the compiler checks where it is computed (torch_ops.py). A side
+    effect for FX (no dead-code elimination takes it out); declared like `grouped_mm_op`."""
+    import torch
+
+    torch.library.define("disc::check", "(Tensor condition, str message) -> ()")
+
+    @torch.library.register_fake("disc::check")
+    def _(condition: Any, message: str) -> None:
+        return None
+    torch.fx.node.has_side_effect(torch.ops.disc.check.default)
+    return torch.ops.disc.check.default
+
+
 def _grouped_mm_fallback(x: Any, weight: Any, offs: Any) -> Any:
     """transformers' `grouped_mm_fallback` (its mixture-of-experts layers, float32 weights)."""
     return grouped_mm_op()(x, weight, offs)
@@ -459,6 +475,16 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
         if mode == 1:
             out = out / count.clamp_min(1).to(out.dtype)[:, None]
     return out, bag, count, torch.zeros_like(count)
+
+
+def _masked_select(x: Any, mask: Any) -> Any:
+    """The elements of x (broadcast with mask) where mask is true, in row-major order: a gather at
+    the flat positions of the true elements (`nonzero`: a size read from the data)."""
+    import torch
+
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    positions = torch.nonzero(mask.expand(shape).reshape(-1)).select(1, 0)
+    return x.expand(shape).reshape(-1).index_select(0, positions)
 
 
 def _upsample_bilinear(original: Callable | None) -> Callable:
@@ -674,6 +700,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.histc.default] = _histc
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.fft_fftn.default] = _fftn_of_real
     for op, filter_ in ((torch.ops.aten._upsample_bilinear2d_aa, _bilinear_filter), (torch.ops.aten._upsample_bicubic2d_aa, _bicubic_filter)):
         table[op.default], table[op.vec] = _upsample_antialiased(filter_)
@@ -695,13 +722,16 @@ def _decompositions() -> dict:
     return table
 
 
+_SYMBOL = re.compile(r"\bs\d+\b")  # torch.export's symbols of input dims (s77)
+
+
 def _range_constraints(ep: Any) -> tuple[str, ...]:
     """'s0 >= 2', 's0 <= 512' for each symbol of the tensors' dims with finite bounds (not those of
     the inputs torch fixed, an int's)."""
     dims = _dim_symbols(ep)
     texts = []
     for sym, vr in ep.range_constraints.items():
-        if not set(re.findall(r"\bs\d+\b", str(sym))) <= dims:
+        if not {str(s) for s in sym.free_symbols} <= dims:  # not an int's, nor a size read from the data
             continue
         lo, hi = _finite(vr.lower), _finite(vr.upper)
         if lo is not None and lo > 0:
@@ -713,7 +743,7 @@ def _range_constraints(ep: Any) -> tuple[str, ...]:
 
 def _dim_symbols(ep: Any) -> set[str]:
     """torch.export's symbols in the dims of the tensors the user passes."""
-    return {s for shape in _input_dims(ep) for d in shape if isinstance(d, str) for s in re.findall(r"\bs\d+\b", d)}
+    return {s for shape in _input_dims(ep) for d in shape if isinstance(d, str) for s in _SYMBOL.findall(d)}
 
 
 def _finite(bound: Any) -> int | None:
@@ -736,11 +766,12 @@ def _tensor_specs(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) ->
 
     if dynamic_shapes is None:
         return []
-    if isinstance(dynamic_shapes, dict):
-        bound = inspect.signature(model.forward).bind_partial(*args).arguments
-        pairs = [(value, dynamic_shapes.get(name)) for name, value in [*bound.items(), *kwargs.items()]]
-    else:
-        pairs = list(zip([*args, *kwargs.values()], dynamic_shapes))
+    signature = inspect.signature(model.forward)
+    by_name = dynamic_shapes if isinstance(dynamic_shapes, dict) else dict(
+        zip(signature.bind(*args, **kwargs).arguments, dynamic_shapes))  # torch's order: the parameters' (*args one of them)
+    extra = next((by_name.get(p.name) for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    pairs = [(value, by_name[name] if name in by_name else extra.get(name) if isinstance(extra, dict) else None)
+             for name, value in [*signature.bind_partial(*args).arguments.items(), *kwargs.items()]]
     specs: list[Any] = []
 
     def walk(value: Any, spec: Any) -> None:
@@ -767,7 +798,7 @@ def _dim_names(specs: list[Any], dims: list[tuple[int | str, ...]]) -> dict[str,
         items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
         for axis, dim in items:
             expr = shape[axis] if axis < len(shape) else None
-            symbols = set(re.findall(r"\bs\d+\b", expr)) if isinstance(expr, str) else set()
+            symbols = set(_SYMBOL.findall(expr)) if isinstance(expr, str) else set()
             root = getattr(dim, "root", dim)  # 2 * Dim("h") names its root h
             if len(symbols) == 1 and isinstance(root, torch.export.Dim):
                 names.setdefault(symbols.pop(), root.__name__)
@@ -775,7 +806,7 @@ def _dim_names(specs: list[Any], dims: list[tuple[int | str, ...]]) -> dict[str,
 
 
 def _rename(text: str, names: dict[str, str]) -> str:
-    return re.sub(r"\b(s\d+)\b", lambda m: names.get(m.group(1), m.group(1)), text)
+    return _SYMBOL.sub(lambda m: names.get(m.group(0), m.group(0)), text)
 
 
 def _input_dims(ep: Any) -> list[tuple[int | str, ...]]:
@@ -987,29 +1018,117 @@ def _map_dims(spec: Any, fn: Callable) -> Any:
     return spec
 
 
-def _runtime_assertions(ep: Any) -> tuple[str, ...]:
-    """Takes torch's `_assert_scalar`s over the inputs' dims out of the program (torch-mlir cannot
-    convert them) and returns them as constraint texts, checked before any kernel runs; those
-    torch's value ranges prove are dropped. Assertions over sizes read from data stay."""
+def _runtime_assertions(ep: Any, names: dict[str, str]) -> tuple[str, ...]:
+    """Takes torch's `_assert_scalar`s out of the program (torch-mlir cannot convert them). Those
+    over the inputs' dims become constraint texts, checked before any kernel runs; those over
+    sizes the data decides (`nonzero`'s rows: `_sizes_from_data`) become `disc::check`s of the
+    condition computed on tensors, checked where those sizes are computed. Both are read from the
+    graph (`_size_expression`), and those that hold by what is checked before the call and by
+    sizes from the data not being negative are dropped. `names`: the user's names of the inputs'
+    dims, for the messages."""
     import sympy
     import torch
-    from torch.utils._sympy.value_ranges import bound_sympy
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
     graph, texts = ep.graph, []
-    inputs = _dim_symbols(ep)
+    inputs, sources = _dim_symbols(ep), _sizes_from_data(ep)
+    ranges = {sym: vr for sym, vr in ep.range_constraints.items() if str(sym) in inputs}
+    ranges.update({sympy.Symbol(u, integer=True): ValueRanges(0, int_oo) for u in sources})
     for node in list(graph.nodes):
         if node.target is not torch.ops.aten._assert_scalar.default or not isinstance(node.args[0], torch.fx.Node):
             continue
-        value = node.args[0].meta.get("val")
-        expr = getattr(getattr(value, "node", None), "expr", None)
-        if expr is None or not {str(s) for s in expr.free_symbols} <= inputs:
+        expr = _size_expression(node.args[0])
+        if expr is None:
             continue
-        if bound_sympy(expr, ep.range_constraints).lower is not sympy.true:
-            texts.extend(_constraint_texts(expr))
+        read = sorted({str(s) for s in expr.free_symbols} - inputs)
+        if bound_sympy(expr, ranges).lower is not sympy.true:
+            if read:
+                message = (f"the data breaks an assumption of the traced program, {_rename(str(expr), names)}: "
+                           + "; ".join(sources.get(u, u) for u in read))
+                with graph.inserting_before(node):
+                    graph.call_function(check_op(), (_size_expression(node.args[0], graph), message))
+            else:
+                texts.extend(_constraint_texts(expr))
         graph.erase_node(node)
     graph.eliminate_dead_code()
     ep.graph_module.recompile()
     return tuple(texts)
+
+
+def _size_ops() -> dict:
+    """The operators of size arithmetic in a graph -> (the ATen op computing it on tensors, sympy's)."""
+    import operator
+
+    import sympy
+    import torch
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    aten, no = torch.ops.aten, {}
+    return {operator.add: ((aten.add.Tensor, no), sympy.Add), operator.sub: ((aten.sub.Tensor, no), lambda a, b: a - b),
+            operator.mul: ((aten.mul.Tensor, no), sympy.Mul), operator.floordiv: ((aten.div.Tensor_mode, {"rounding_mode": "floor"}), FloorDiv),
+            operator.mod: ((aten.remainder.Tensor, no), PythonMod), operator.ge: ((aten.ge.Tensor, no), sympy.Ge),
+            operator.gt: ((aten.gt.Tensor, no), sympy.Gt), operator.le: ((aten.le.Tensor, no), sympy.Le), operator.lt: ((aten.lt.Tensor, no), sympy.Lt),
+            operator.eq: ((aten.eq.Tensor, no), sympy.Eq), operator.ne: ((aten.ne.Tensor, no), sympy.Ne),
+            operator.and_: ((aten.logical_and.default, no), sympy.And), operator.or_: ((aten.logical_or.default, no), sympy.Or),
+            torch.sym_not: ((aten.logical_not.default, no), sympy.Not), torch.sym_max: ((aten.maximum.default, no), sympy.Max),
+            torch.sym_min: ((aten.minimum.default, no), sympy.Min)}
+
+
+def _size_expression(node: Any, graph: Any = None) -> Any:
+    """What a graph's size arithmetic computes, read from the graph itself: as a sympy expression
+    over the symbols of the sizes it reads (their values as first traced: once torch has equated
+    a size from the data with another size, it writes one for the other everywhere, and the
+    nodes' values no longer say what they compare), or with `graph`, as tensor ops inserted
+    there (a 0-d tensor). None where it computes what this does not know."""
+    import sympy
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    ops = _size_ops()
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in ops:
+        parts = [_size_expression(a, graph) for a in node.args]
+        if any(p is None for p in parts):
+            return None
+        (tensor_op, kwargs), sympy_op = ops[node.target]
+        return _traced_call(graph, tensor_op, tuple(parts), kwargs) if graph is not None else sympy_op(*parts)
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+    if not isinstance(value, (torch.SymInt, int)):  # (a bool is an int)
+        return None
+    if graph is not None:
+        return _traced_call(graph, torch.ops.aten.scalar_tensor.default, (node,), {"dtype": torch.bool if isinstance(value, bool) else torch.int64})
+    if isinstance(value, int):
+        return sympy.sympify(value)
+    return value.node._expr if free_unbacked_symbols(value.node._expr) else value.node.expr
+
+
+def _traced_call(graph: Any, op: Any, args: tuple, kwargs: dict) -> Any:
+    """A new node calling `op`, with its value traced as export traces (exported programs need one)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    node = graph.call_function(op, args, kwargs)
+    with mode:
+        node.meta["val"] = op(*(_traced(a) for a in args), **kwargs)
+    return node
+
+
+def _sizes_from_data(ep: Any) -> dict[str, str]:
+    """torch.export's symbol for each size the data decides (u0: the rows of a `nonzero`, the
+    elements a boolean mask selects) -> the op whose result first has it and the user's line."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    found: dict[str, str] = {}
+    for node in ep.graph.nodes:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        for symbol in sorted({str(u) for d in value.shape if isinstance(d, torch.SymInt) for u in free_unbacked_symbols(d.node._expr)} - set(found)):
+            lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+            at = f" ({lines[-2]}: {lines[-1]})" if len(lines) >= 2 else ""
+            found[symbol] = f"{symbol} is a size that {node.target} computed from the data{at}"
+    return found
 
 
 _RELATIONS = {"StrictLessThan": "<", "LessThan": "<=", "StrictGreaterThan": ">", "GreaterThan": ">=", "Equality": "==",
@@ -1072,7 +1191,9 @@ def _dim_text(expr: Any) -> str:
     raise CompileError(f"torch.export's run-time assertion over {expr} cannot be checked here: {kind} is not supported")
 
 
-def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = None) -> tuple[Source, Binding]:
+def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) -> tuple[Source, Binding]:
+    """`example_inputs`: one tuple (or list) of positional arguments, a dict of keyword arguments
+    or a single tensor, or several positional arguments as they are."""
     import tempfile
     import warnings
 
@@ -1083,10 +1204,11 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
     else:
         if not isinstance(model, torch.nn.Module):
             model = _as_module(model)
-        if isinstance(example_inputs, collections.abc.Mapping):  # keyword arguments (a tokenizer's output)
-            args, kwargs = (), dict(example_inputs)
+        first = example_inputs[0] if len(example_inputs) == 1 else example_inputs
+        if isinstance(first, collections.abc.Mapping):  # keyword arguments (a tokenizer's output)
+            args, kwargs = (), dict(first)
         else:
-            args, kwargs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,), {}
+            args, kwargs = tuple(first) if isinstance(first, (tuple, list)) else (first,), {}
         args, kwargs = _unaliased((args, kwargs))
         ep, specs = _export(model.eval(), args, kwargs, dynamic_shapes), _tensor_specs(model, args, kwargs, dynamic_shapes)
     dims = _input_dims(ep)
@@ -1103,7 +1225,7 @@ def _export_torch(model: Any, example_inputs: Any = (), dynamic_shapes: Any = No
         raise CompileError(f"decomposing the exported program failed: {e}") from None
     _refuse_foreign_ops(ep)
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
-                                      + [_rename(c, names) for c in _runtime_assertions(ep)]))  # (tracing again adds the last)
+                                      + [_rename(c, names) for c in _runtime_assertions(ep, names)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
     _complex_as_pairs(ep)
     _weights_in_lists(ep)
@@ -1392,23 +1514,32 @@ def _indexing(graph: Any, node: Any) -> None:
     """An `x[indices]` (aten.index) or `x[indices] = v` (aten.index_put) node with each integer
     index i made `where(i < 0, i + size, i)`, as PyTorch reads negative indices: the gather or
     scatter it becomes clamps them to 0 instead (a silent wrong answer: Falcon's
-    `fused_qkv[..., [-2], :]`). Boolean masks index as many dims as they have and stay. The
-    wrapped indices are computed, so no tensor literal is left in the index list, which the FX
-    importer cannot take (a buffer as the index: Swin's relative position index). Indices seen
-    to be an `arange` from 0 up keep their form (the shape analysis proves such a gather reads in
-    place: transformers' padding masks). An aten.index whose one index is a vector becomes
-    `index_select` along its dim: torch-mlir's gather for aten.index needs every other dim static."""
+    `fused_qkv[..., [-2], :]`). The wrapped indices are computed, so no tensor literal is left in
+    the index list, which the FX importer cannot take (a buffer as the index: Swin's relative
+    position index). Indices seen to be an `arange` from 0 up keep their form (the shape analysis
+    proves such a gather reads in place: transformers' padding masks). An aten.index whose one
+    index is a vector becomes `index_select` along its dim: torch-mlir's gather for aten.index
+    needs every other dim static. Boolean masks are `_boolean_index`'s."""
     import torch
 
     aten = torch.ops.aten
+    if _boolean_index(graph, node):
+        return
     x, indices = node.args[0], node.args[1]
     shape = x.meta["val"].shape
     wrapped, dim, selected = [], 0, []
     for i in indices:
         val = i.meta.get("val") if isinstance(i, torch.fx.Node) else None
-        if val is None or val.dtype == torch.bool:
+        if val is None:
             wrapped.append(i)
-            dim += 1 if val is None else val.dim()
+            dim += 1
+            continue
+        if val.dtype == torch.bool:  # with other indices: its positions, one index per dim it covers
+            with graph.inserting_before(node):
+                positions = graph.call_function(aten.nonzero.default, (i,))
+                positions.meta["stack_trace"] = node.meta.get("stack_trace")  # names the user's line in a failed assertion
+                wrapped += [graph.call_function(aten.select.int, (positions, 1, k)) for k in range(val.dim())]
+            dim += val.dim()
             continue
         if not _counts_up(i):
             with graph.inserting_before(node):
@@ -1422,6 +1553,49 @@ def _indexing(graph: Any, node: Any) -> None:
         node.target, node.args = aten.index_select.default, (x, selected[0][0], wrapped[selected[0][0]])
     else:
         node.args = (x, wrapped, *node.args[2:])
+
+
+def _boolean_index(graph: Any, node: Any) -> bool:
+    """`x[mask]` and `x[mask] = v` with one boolean mask (over dims p to p + m - 1) and no other
+    index, rewritten without the op's boolean form (torch-mlir's gather takes a mask for indices):
+    - `x[mask]`: x with those dims flattened into one, `index_select`ed at the flat positions of
+      the mask's true elements (`nonzero`: as many as the data has, a size known at run time);
+    - `x[mask] = v` where v holds no value per selected element (it broadcasts over the dims
+      after the mask's): `where(mask, v, x)` (with `accumulate`, `x + where(mask, v, 0)`), no
+      data-dependent size at all.
+    Other forms (a mask beside integer indices, one value per selected element) index with the
+    mask's positions (`_indexing`). Returns whether the node was rewritten."""
+    import torch
+
+    aten = torch.ops.aten
+    x, indices = node.args[0], list(node.args[1])
+    masks = [k for k, i in enumerate(indices) if isinstance(i, torch.fx.Node) and i.meta.get("val") is not None
+             and i.meta["val"].dtype == torch.bool]
+    if len(masks) != 1 or any(i is not None for k, i in enumerate(indices) if k != masks[0]):
+        return False
+    p, mask = masks[0], indices[masks[0]]
+    m, rank = mask.meta["val"].dim(), x.meta["val"].dim()
+    with graph.inserting_before(node):
+        if node.target == aten.index.Tensor:
+            flat = graph.call_function(aten.flatten.using_ints, (x, p, p + m - 1)) if m != 1 else x
+            where = graph.call_function(aten.nonzero.default, (graph.call_function(aten.reshape.default, (mask, [-1])),))
+            where.meta["stack_trace"] = node.meta.get("stack_trace")  # names the user's line in a failed assertion
+            positions = graph.call_function(aten.select.int, (where, 1, 0))
+            node.target, node.args = aten.index_select.default, (flat, p, positions)
+            return True
+        v, accumulate = node.args[2], node.args[3] if len(node.args) > 3 else False
+        value = v.meta.get("val") if isinstance(v, torch.fx.Node) else None
+        if value is None or value.dim() > rank - p - m:
+            return False
+        for _ in range(rank - p - m):
+            mask = graph.call_function(aten.unsqueeze.default, (mask, -1))
+        v = graph.call_function(aten._to_copy.default, (v,), {"dtype": x.meta["val"].dtype})
+        if accumulate:
+            zero = graph.call_function(aten.zeros_like.default, (v,))
+            node.target, node.args, node.kwargs = aten.add.Tensor, (x, graph.call_function(aten.where.self, (mask, v, zero))), {}
+        else:
+            node.target, node.args, node.kwargs = aten.where.self, (mask, v, x), {}
+    return True
 
 
 def _counts_up(node: Any) -> bool:
@@ -1528,7 +1702,7 @@ def import_torch(source: Source) -> Imported:
     from ..bounded_dynamism.signature import signature_from_function
     from .torch_ops import define_functions, lower_to_stablehlo
 
-    grouped_mm_op()  # the program may call it
+    grouped_mm_op(), check_op()  # the program may call them
     with _quick_load():
         ep = torch.export.load(source.payload)
     _restore_list_values(ep.graph)
@@ -1635,7 +1809,7 @@ def _from_fx_graph(gm: Any, example_inputs: list) -> tuple[Source, Callable[[tup
                                 dtype=example_inputs[i].dtype if k < len(tensors) else torch.float32)
                     for k, (i, shape) in enumerate(zip(tensors + carried, shapes))]
         dynamic = [{d: torch.export.Dim.AUTO for d, size in enumerate(shape) if isinstance(size, torch.SymInt)} or None for shape in shapes]
-        return _export_torch(SizesFromTensors(), tuple(examples), (tuple(dynamic),))[0], arguments, assemble
+        return _export_torch(SizesFromTensors(), tuple(examples), dynamic_shapes=(tuple(dynamic),))[0], arguments, assemble
 
 
 def _failing_op(error: Exception) -> str:

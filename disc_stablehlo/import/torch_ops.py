@@ -96,7 +96,7 @@ def _sort(b: Body, x: str, shape: list[int | None], elem: str, dim: int, descend
 
 def _function(name: str, params: list[str], results: list[str], body: Body, returned: list[str]) -> str:
     args = ", ".join(f"%p{i}: {t}" for i, t in enumerate(params))
-    text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}"])
+    text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}" if returned else "return"])
     return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
 
 
@@ -116,7 +116,6 @@ class _Rewriter:
 
     def replace(self, op: Any, stem: str, tensor_operands: list[Any], build) -> None:
         """`build(body, operand names) -> (result names, extra functions)` writes the function body."""
-        from torch_mlir import ir
 
         name = self.name(stem)
         body = Body()
@@ -124,47 +123,164 @@ class _Rewriter:
         values, extra = build(body, [f"%p{i}" for i in range(len(params))])
         results = [tensor_type(*_builtin(r.type)) for r in op.results]
         self.definitions += [_function(name, params, results, body, values)] + extra
-        types = ir.FunctionType.get([v.type for v in tensor_operands], [r.type for r in op.results])
+        self.call(op, name, tensor_operands)
+
+    def call(self, op: Any, name: str, operands: list[Any]) -> None:
+        """Replaces `op` by a call of the function `name` (declared here, defined by its text in
+        `definitions`) with these operands."""
+        from torch_mlir import ir
+
+        types = ir.FunctionType.get([v.type for v in operands], [r.type for r in op.results])
         with ir.InsertionPoint.at_block_begin(self.module.body), op.location:
             ir.Operation.create("func.func", attributes={"sym_name": ir.StringAttr.get(name), "function_type": ir.TypeAttr.get(types),
                                                          "sym_visibility": ir.StringAttr.get("private")}, regions=1)
         with ir.InsertionPoint(op), op.location:
-            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=tensor_operands,
+            call = ir.Operation.create("func.call", results=[r.type for r in op.results], operands=operands,
                                        attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
         for old, new in zip(op.results, call.results):
             old.replace_all_uses_with(new)
         op.erase()
 
+    def prefix_sum(self, b: Body, v: str, shape: list[int | None], elem: str, dim: int) -> tuple[str, str]:
+        """The inclusive sum of `v` along `dim` (a `dynamic_reduce_window` over the whole dim, which
+        the compiler runs as a one-pass scan) and the text of its combiner."""
+        rank = len(shape)
+        add = self.name("add")
+        zero = b(f"stablehlo.constant dense<{'0.0' if is_float(elem) else '0'}> : tensor<{elem}>")
+        n = b.size(v, shape, elem, dim)
+        one, nothing = b.i32(1, 1), b.i32(0, 1)
+        window = b.vector([n if d == dim else one for d in range(rank)])
+        before = b(f"stablehlo.add {n}, {b.i32(-1, 1)} : tensor<1xi32>")
+        pads = b.vector([p for d in range(rank) for p in ((before, nothing) if d == dim else (nothing, nothing))])
+        padding = b(f"stablehlo.reshape {pads} : (tensor<{2 * rank}xi32>) -> tensor<{rank}x2xi32>")
+        ones = b.i32(1, rank)
+        ty = tensor_type(shape, elem)
+        vec = f"tensor<{rank}xi32>"
+        y = b(f"stablehlo.custom_call @stablehlo.dynamic_reduce_window({v}, {zero}, {window}, {ones}, {ones}, {ones}, {padding}) "
+              f"{{api_version = 2 : i32, called_computations = [@{add}]}} : "
+              f"({ty}, tensor<{elem}>, {vec}, {vec}, {vec}, {vec}, tensor<{rank}x2xi32>) -> {ty}")
+        s = f"tensor<{elem}>"
+        return y, f"func.func private @{add}(%a: {s}, %b: {s}) -> {s} {{\n  %r = stablehlo.add %a, %b : {s}\n  return %r : {s}\n}}"
+
     def cumsum(self, op: Any) -> None:
         x, dim = op.operands[0], _constant_operand(op.operands[1])
         shape, elem = _builtin(x.type)
         out_elem = _builtin(op.results[0].type)[1]
-        rank = len(shape)
-        dim %= rank
-        add = self.name("add")
 
         def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             v = args[0]
             if out_elem != elem:
                 v = b(f"stablehlo.convert {v} : ({tensor_type(shape, elem)}) -> {tensor_type(shape, out_elem)}")
-            zero = b(f"stablehlo.constant dense<{'0.0' if is_float(out_elem) else '0'}> : tensor<{out_elem}>")
-            n = b.size(v, shape, out_elem, dim)
-            one, nothing = b.i32(1, 1), b.i32(0, 1)
-            window = b.vector([n if d == dim else one for d in range(rank)])
-            before = b(f"stablehlo.add {n}, {b.i32(-1, 1)} : tensor<1xi32>")
-            pads = b.vector([p for d in range(rank) for p in ((before, nothing) if d == dim else (nothing, nothing))])
-            padding = b(f"stablehlo.reshape {pads} : (tensor<{2 * rank}xi32>) -> tensor<{rank}x2xi32>")
-            ones = b.i32(1, rank)
-            ty = tensor_type(shape, out_elem)
-            vec = f"tensor<{rank}xi32>"
-            y = b(f"stablehlo.custom_call @stablehlo.dynamic_reduce_window({v}, {zero}, {window}, {ones}, {ones}, {ones}, {padding}) "
-                  f"{{api_version = 2 : i32, called_computations = [@{add}]}} : "
-                  f"({ty}, tensor<{out_elem}>, {vec}, {vec}, {vec}, {vec}, tensor<{rank}x2xi32>) -> {ty}")
-            s = f"tensor<{out_elem}>"
-            body = (f"func.func private @{add}(%a: {s}, %b: {s}) -> {s} {{\n  %r = stablehlo.add %a, %b : {s}\n"
-                    f"  return %r : {s}\n}}")
-            return [y], [body]
+            y, add = self.prefix_sum(b, v, shape, out_elem, dim % len(shape))
+            return [y], [add]
         self.replace(op, "cumsum", [x], build)
+
+    def check(self, op: Any) -> None:
+        """`disc::check` (torch_frontend.check_op: torch.export's assertions over sizes the data
+        decides, which no guard can check before the call): our custom call `ASSERT_TARGET` on
+        the condition, which ends the call with a ShapeError where it is false (passes/dynamic_ops.py)."""
+        from ..ops import ASSERT_TARGET
+
+        condition = op.operands[0]
+        message = re.sub(r'["{}\\]', "'", _constant_operand(op.operands[1]))
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            b.lines.append(f'stablehlo.custom_call @{ASSERT_TARGET}({args[0]}) {{error_message = "{message}", has_side_effect = true}} : '
+                           "(tensor<i1>) -> ()")
+            return [], []
+        self.replace(op, "check", [condition], build)
+
+    def nonzero(self, op: Any) -> None:
+        """`torch.nonzero(x)`: the (count, rank) i64 positions of x's nonzero elements in row-major
+        order, count read from the data. Each nonzero element's row is its place in a prefix sum
+        of the nonzero flags; a scatter writes the positions to their rows (the other elements to
+        one row past them) and a slice keeps the count first rows."""
+        x = op.operands[0]
+        shape, elem = _builtin(x.type)
+        rank = len(shape)
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            dims = [b.size(args[0], shape, elem, d) for d in range(rank)]
+            n = dims[0] if rank else b.i32(1, 1)
+            for d in dims[1:]:
+                n = b(f"stablehlo.multiply {n}, {d} : tensor<1xi32>")
+            flat = b(f"stablehlo.dynamic_reshape {args[0]}, {n} : ({tensor_type(shape, elem)}, tensor<1xi32>) -> {tensor_type([None], elem)}")
+            zero = b(f"stablehlo.constant dense<{'0.0' if is_float(elem) else ('false' if elem == 'i1' else '0')}> : tensor<{elem}>")
+            zeros = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {n}, dims = [] : (tensor<{elem}>, tensor<1xi32>) -> {tensor_type([None], elem)}")
+            kind = "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
+            flags = b(f"stablehlo.compare NE, {flat}, {zeros}, {kind} : ({tensor_type([None], elem)}, {tensor_type([None], elem)}) -> tensor<?xi1>")
+            counts = b(f"stablehlo.convert {flags} : (tensor<?xi1>) -> tensor<?xi64>")
+            rows, add = self.prefix_sum(b, counts, [None], "i64", 0)
+            count = b(f"stablehlo.reduce({counts} init: {b('stablehlo.constant dense<0> : tensor<i64>')}) applies stablehlo.add across "
+                      "dimensions = [0] : (tensor<?xi64>, tensor<i64>) -> tensor<i64>")
+            past = b(f"stablehlo.convert {n} : (tensor<1xi32>) -> tensor<1xi64>")
+            past = b(f"stablehlo.dynamic_broadcast_in_dim {past}, {n}, dims = [0] : (tensor<1xi64>, tensor<1xi32>) -> tensor<?xi64>")
+            ones = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<1> : tensor<i64>')}, {n}, dims = [] : "
+                     "(tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
+            row = b(f"stablehlo.subtract {rows}, {ones} : tensor<?xi64>")
+            row = b(f"stablehlo.select {flags}, {row}, {past} : tensor<?xi1>, tensor<?xi64>")
+            column = b.vector([n, b.i32(1, 1)])
+            row = b(f"stablehlo.dynamic_reshape {row}, {column} : (tensor<?xi64>, tensor<2xi32>) -> tensor<?x1xi64>")
+            full = b.vector(dims) if rank else b.i32(1, 1)
+            positions = []
+            for d in range(rank):
+                p = b(f"stablehlo.dynamic_iota {full}, dim = {d} : (tensor<{rank}xi32>) -> {tensor_type(shape, 'i64')}")
+                positions.append(b(f"stablehlo.dynamic_reshape {p}, {column} : ({tensor_type(shape, 'i64')}, tensor<2xi32>) -> tensor<?x1xi64>"))
+            table = f"tensor<?x{rank}xi64>"
+            updates = (positions[0] if rank == 1 else b(
+                f"stablehlo.concatenate {', '.join(positions)}, dim = 1 : ({', '.join(['tensor<?x1xi64>'] * rank)}) -> {table}")
+                if rank else b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<0> : tensor<i64>')}, "
+                               f"{b.vector([n, b.i32(0, 1)])}, dims = [] : (tensor<i64>, tensor<2xi32>) -> {table}"))
+            extent = b.vector([b(f"stablehlo.add {n}, {b.i32(1, 1)} : tensor<1xi32>"), b.i32(rank, 1)])
+            base = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<0> : tensor<i64>')}, {extent}, dims = [] : "
+                     f"(tensor<i64>, tensor<2xi32>) -> {table}")
+            t = "tensor<i64>"
+            region = f"({{\n  ^bb0(%a: {t}, %b: {t}):\n    stablehlo.return %b : {t}\n  }})"
+            written = b(f'"stablehlo.scatter"({base}, {row}, {updates}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<'
+                        "update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+                        f"indices_are_sorted = false, unique_indices = false}} : ({table}, tensor<?x1xi64>, {table}) -> {table}")
+            count = b(f"stablehlo.convert {b(f'stablehlo.reshape {count} : (tensor<i64>) -> tensor<1xi64>')} : (tensor<1xi64>) -> tensor<1xi32>")
+            limits = b.vector([count, b.i32(rank, 1)])
+            v2 = "tensor<2xi32>"
+            y = b(f"stablehlo.real_dynamic_slice {written}, {b.i32(0, 2)}, {limits}, {b.i32(1, 2)} : ({table}, {v2}, {v2}, {v2}) -> {table}")
+            return [y], [add]
+        self.replace(op, "nonzero", [x], build)
+
+    def repeat_interleave(self, op: Any) -> None:
+        """`torch.repeat_interleave(repeats)`: i repeated repeats[i] times, as many as the repeats
+        sum to (read from the data). Each segment adds 1 at its start (a scatter into sum + 1
+        zeros); the prefix sum of those marks, less 1, is each position's segment."""
+        r = op.operands[0]
+        shape, elem = _builtin(r.type)
+        out_elem = _builtin(op.results[0].type)[1]
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            v = args[0] if elem == "i64" else b(f"stablehlo.convert {args[0]} : ({tensor_type(shape, elem)}) -> tensor<?xi64>")
+            n = b.size(v, [None], "i64", 0)
+            ends, add = self.prefix_sum(b, v, [None], "i64", 0)
+            starts = b(f"stablehlo.subtract {ends}, {v} : tensor<?xi64>")
+            total = b(f"stablehlo.reduce({v} init: {b('stablehlo.constant dense<0> : tensor<i64>')}) applies stablehlo.add across "
+                      "dimensions = [0] : (tensor<?xi64>, tensor<i64>) -> tensor<i64>")
+            total = b(f"stablehlo.convert {b(f'stablehlo.reshape {total} : (tensor<i64>) -> tensor<1xi64>')} : (tensor<1xi64>) -> tensor<1xi32>")
+            zero, one = (b(f"stablehlo.constant dense<{k}> : tensor<i64>") for k in (0, 1))
+            extent = b(f"stablehlo.add {total}, {b.i32(1, 1)} : tensor<1xi32>")
+            base = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {extent}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
+            ones = b(f"stablehlo.dynamic_broadcast_in_dim {one}, {n}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
+            at = b(f"stablehlo.dynamic_reshape {starts}, {b.vector([n, b.i32(1, 1)])} : (tensor<?xi64>, tensor<2xi32>) -> tensor<?x1xi64>")
+            t = "tensor<i64>"
+            region = f"({{\n  ^bb0(%a: {t}, %b: {t}):\n    %r = stablehlo.add %a, %b : {t}\n    stablehlo.return %r : {t}\n  }})"
+            marks = b(f'"stablehlo.scatter"({base}, {at}, {ones}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<'
+                      "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+                      "indices_are_sorted = true, unique_indices = false} : (tensor<?xi64>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?xi64>")
+            counts, add2 = self.prefix_sum(b, marks, [None], "i64", 0)
+            ones = b(f"stablehlo.dynamic_broadcast_in_dim {one}, {extent}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
+            segments = b(f"stablehlo.subtract {counts}, {ones} : tensor<?xi64>")
+            y = b(f"stablehlo.real_dynamic_slice {segments}, {b.i32(0, 1)}, {total}, {b.i32(1, 1)} : "
+                  "(tensor<?xi64>, tensor<1xi32>, tensor<1xi32>, tensor<1xi32>) -> tensor<?xi64>")
+            if out_elem != "i64":
+                y = b(f"stablehlo.convert {y} : (tensor<?xi64>) -> tensor<?x{out_elem}>")
+            return [y], [add, add2]
+        self.replace(op, "repeat_interleave", [r], build)
 
     def sort(self, op: Any) -> None:
         x, dim, descending = op.operands[0], _constant_operand(op.operands[1]), _constant_operand(op.operands[2])
@@ -307,10 +423,11 @@ class _Rewriter:
 # operators of other libraries (`torch.operator`, by name) -> rewrite, before torch-mlir's backend
 # pipeline, which refuses them; torch-dialect op -> rewrite, after it (aten.topk must be kept from its
 # decomposition, a sort)
-OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm}
-REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
+OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check}
+REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
+            "torch.aten.repeat_interleave.Tensor": _Rewriter.repeat_interleave, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
-LEGAL_OPS = ["aten.topk"]
+LEGAL_OPS = ["aten.topk", "aten.nonzero", "aten.repeat_interleave.Tensor"]
 
 
 def lower_to_stablehlo(module: Any) -> list[str]:

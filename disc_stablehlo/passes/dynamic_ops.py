@@ -12,7 +12,8 @@ from torch_mlir import ir
 from torch_mlir._mlir_libs import _stablehlo
 
 from ..bounded_dynamism.analysis import IOTA_INDICES_ATTR, segments
-from ..mlir_support import int_list
+from ..mlir_support import call_target, int_list
+from ..ops import ASSERT_TARGET
 from .lower import LoweringState, Text, register_rewrite, register_template
 
 
@@ -171,6 +172,18 @@ def _reverse(op, t: Text, state):
     return [_generic(t, op.result.type, dims, body, "%e")]
 
 
+def _is_assertion(op: ir.Operation) -> bool:
+    return call_target(op) == ASSERT_TARGET
+
+
+@register_template("stablehlo.custom_call", when=_is_assertion)
+def _assertion(op, t: Text, state):
+    failed = t(f"arith.xori {t('tensor.extract %a0[] : tensor<i1>')}, {t('arith.constant true')} : i1")
+    zero = t.const(0)
+    t.check(state, op, failed, ir.StringAttr(op.attributes["error_message"]).value, zero, zero)
+    return []
+
+
 @register_template("stablehlo.get_dimension_size")
 def _get_dimension_size(op, t: Text, state):
     d = t.dim("%a0", op.operands[0].type, ir.IntegerAttr(op.attributes["dimension"]).value)
@@ -306,6 +319,10 @@ def _dynamic_reshape(op, t: Text, state):
         return [value if vtype == str(dst) else t(f"tensor.cast {value} : {vtype} to {dst}")]
     dims = _result_dims(t, op, "%a1", op.operands[1].type)
     shape = ", ".join(str(rt.shape[i]) if not rt.is_dynamic_dim(i) else dims[i] for i in range(rt.rank))
+    # a run of result dims is dynamic just where its operand dim is (a static 2 split into (?, 1): u0 proved 2)
+    sizes = ["?" if any(rt.is_dynamic_dim(i) for i in d) else str(math.prod(rt.shape[i] for i in d)) for _, d in segs]
+    if (expanded := f"tensor<{''.join(x + 'x' for x in sizes)}{st.element_type}>") != vtype:
+        value, vtype = t(f"tensor.cast {value} : {vtype} to {expanded}"), expanded
     return [t(f"tensor.expand_shape {value} {[d for _, d in segs]} output_shape [{shape}] : {vtype} into {dst}")]
 
 
