@@ -1,5 +1,5 @@
 """PyTorch programs whose sizes the data decides (boolean masks, `nonzero`, `masked_select`,
-`repeat_interleave` by a tensor): compiled once, each such size computed at run time by the
+`repeat_interleave` by a tensor, `unique`, `bincount`, a length read by `.item()`): compiled once, each such size computed at run time by the
 generated code, checked against eager PyTorch at several shapes and masks (none selected, all
 selected); torch.export's assumptions about those sizes are checked where they are computed."""
 
@@ -48,6 +48,32 @@ class RaggedSum(torch.nn.Module):
         return torch.zeros(lengths.shape[0], values.shape[1]).index_add(0, segment, values)
 
 
+class Distinct(torch.nn.Module):
+    """Distinct ids with each id's place among them and their counts (sorted, and of runs as they
+    come), and a weighted histogram of as many bins as the largest id needs."""
+
+    def forward(self, ids, weights):
+        distinct, place, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        runs, run_counts = torch.unique_consecutive(ids, return_counts=True)
+        return distinct, place, counts, runs, run_counts, torch.bincount(ids, weights, minlength=3)
+
+
+class TrimToLongest(torch.nn.Module):
+    """A batch of padded sequences cut to its longest (a length `.item()` reads from the mask)."""
+
+    def forward(self, ids, mask):
+        return ids[:, :mask.sum(1).max().item()] * 2
+
+
+def _distinct(n: int, rng) -> tuple:
+    return rng.integers(0, 6, n), rng.random(n).astype(np.float32)
+
+
+def _trim(n: int, rng) -> tuple:
+    lengths = rng.integers(0, 8, n)
+    return rng.integers(0, 100, (n, 7)), (np.arange(7)[None] < lengths[:, None]).astype(np.int64)
+
+
 def _keep(n: int, rng) -> tuple:
     return rng.standard_normal((n, 4)).astype(np.float32), rng.random(n).astype(np.float32)
 
@@ -70,6 +96,8 @@ CASES = [
     ("positions", Positions, _positions, ({0: "n"}, {0: "n"})),
     ("masked_writes", MaskedWrites, _writes, ({0: "n"}, {0: "n"})),
     ("ragged_sum", RaggedSum, _ragged, ({0: "total"}, {0: "n"})),
+    ("distinct", Distinct, _distinct, ({0: "n"}, {0: "n"})),
+    ("trim_to_longest", TrimToLongest, _trim, ({0: "n", 1: "s"}, {0: "n", 1: "s"})),
 ]
 
 
@@ -106,6 +134,8 @@ def test_masks_selecting_nothing_and_everything():
         _check(f, model, (boxes, scores))
     kept, _, count = f(boxes, np.zeros(6, np.float32))
     assert kept.shape == (0, 4) and int(count) == 0
+    trim = _compile(TrimToLongest().eval(), _trim(4, np.random.default_rng(1)), ({0: "n", 1: "s"}, {0: "n", 1: "s"}))
+    assert trim(np.ones((3, 5), np.int64), np.zeros((3, 5), np.int64)).shape == (3, 0)  # torch-mlir's slice took an end of 0 for the whole dim
 
 
 class PairsOfSelected(torch.nn.Module):
@@ -121,6 +151,20 @@ def test_an_assumption_about_a_size_from_the_data_is_checked_where_it_is_compute
     with pytest.raises(disc.ShapeError, match=r"Mod\(u\d+, 2\).*x\[x > 0\]"):
         f(np.array([1, -1, 2, 3, -4, -5], np.float32))
     np.testing.assert_array_equal(f(np.array([5, 6], np.float32)), [[5, 6]])
+
+
+class EvenPrefix(torch.nn.Module):
+    def forward(self, x, k):
+        n = k.item()
+        torch._check(n % 2 == 0)
+        return x[:n] + 1
+
+
+def test_a_check_on_a_value_read_from_the_data_holds_at_run_time():
+    f = disc.compile(EvenPrefix().eval(), (torch.randn(6), torch.tensor(2)), dynamic_shapes=({0: Dim("n")}, None))
+    np.testing.assert_array_equal(f(np.zeros(6, np.float32), np.array(4)), np.ones(4, np.float32))
+    with pytest.raises(disc.ShapeError, match=r"value that aten._local_scalar_dense.* n = k.item\(\)"):
+        f(np.zeros(6, np.float32), np.array(3))
 
 
 def test_lists_whose_lengths_do_not_add_up_are_refused():

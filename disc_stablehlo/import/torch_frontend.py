@@ -487,6 +487,51 @@ def _masked_select(x: Any, mask: Any) -> Any:
     return x.expand(shape).reshape(-1).index_select(0, positions)
 
 
+def _runs(values: Any, order: Any, shape: Any, return_inverse: bool, return_counts: bool) -> tuple:
+    """The first value of each run of equal values in the vector `values` (its positions:
+    `nonzero`, as many as the data has), each element's run (put back in place through `order`,
+    the sort's permutation, where there is one) and each run's length."""
+    import torch
+
+    previous = torch.cat([values[:1], values[:-1]])
+    starts = (values != previous) | (torch.arange(values.shape[0]) == 0)
+    positions = torch.nonzero(starts).select(1, 0)
+    none = torch.zeros(0, dtype=torch.long)
+    inverse = none
+    if return_inverse:
+        inverse = torch.cumsum(starts.long(), 0) - 1
+        inverse = (inverse if order is None else torch.zeros_like(inverse).scatter(0, order, inverse)).reshape(shape)
+    counts = none
+    if return_counts:
+        total = torch.ones_like(values, dtype=torch.long).sum().reshape(1)
+        counts = torch.cat([positions[1:], total]) - positions
+    return values.index_select(0, positions), inverse, counts
+
+
+def _unique(x: Any, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False) -> tuple:  # noqa: A002 (torch's names)
+    """`torch.unique` (sorted whatever `sorted` says: its order is unspecified otherwise)."""
+    import torch
+
+    values, order = torch.sort(x.reshape(-1), stable=True)
+    return _runs(values, order, x.shape, return_inverse, return_counts)
+
+
+def _unique_consecutive(x: Any, return_inverse: bool = False, return_counts: bool = False, dim: int | None = None) -> tuple:
+    if dim is not None:
+        raise UnsupportedOpError("torch.unique_consecutive along a dim (only of the flattened tensor)")
+    return _runs(x.reshape(-1), None, x.shape, return_inverse, return_counts)
+
+
+def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
+    """`torch.bincount`: max(x) + 1 bins (read from the data), at least `minlength`."""
+    import torch
+
+    bins = torch.clamp(x.max() + 1, min=minlength).item()
+    torch._check(bins >= 0)
+    ones = torch.ones_like(x, dtype=torch.long) if weights is None else weights
+    return torch.zeros(bins, dtype=ones.dtype).index_add(0, x, ones)
+
+
 def _upsample_bilinear(original: Callable | None) -> Callable:
     """upsample_bilinear2d with `align_corners=True` (sizes that may be symbolic): torch's
     decomposition computes the scale (in - 1) / (out - 1) as a float of sizes, a `sym_float` the
@@ -701,6 +746,9 @@ def _decompositions() -> dict:
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
     table[torch.ops.aten.masked_select.default] = _masked_select
+    table[torch.ops.aten._unique2.default] = _unique
+    table[torch.ops.aten.unique_consecutive.default] = _unique_consecutive
+    table[torch.ops.aten.bincount.default] = _bincount
     table[torch.ops.aten.fft_fftn.default] = _fftn_of_real
     for op, filter_ in ((torch.ops.aten._upsample_bilinear2d_aa, _bilinear_filter), (torch.ops.aten._upsample_bicubic2d_aa, _bicubic_filter)):
         table[op.default], table[op.vec] = _upsample_antialiased(filter_)
@@ -1021,7 +1069,7 @@ def _map_dims(spec: Any, fn: Callable) -> Any:
 def _runtime_assertions(ep: Any, names: dict[str, str]) -> tuple[str, ...]:
     """Takes torch's `_assert_scalar`s out of the program (torch-mlir cannot convert them). Those
     over the inputs' dims become constraint texts, checked before any kernel runs; those over
-    sizes the data decides (`nonzero`'s rows: `_sizes_from_data`) become `disc::check`s of the
+    what the data decides (`nonzero`'s rows, `.item()`: `_read_from_data`) become `disc::check`s of the
     condition computed on tensors, checked where those sizes are computed. Both are read from the
     graph (`_size_expression`), and those that hold by what is checked before the call and by
     sizes from the data not being negative are dropped. `names`: the user's names of the inputs'
@@ -1032,9 +1080,9 @@ def _runtime_assertions(ep: Any, names: dict[str, str]) -> tuple[str, ...]:
     from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
     graph, texts = ep.graph, []
-    inputs, sources = _dim_symbols(ep), _sizes_from_data(ep)
+    inputs, (sources, sizes) = _dim_symbols(ep), _read_from_data(ep)
     ranges = {sym: vr for sym, vr in ep.range_constraints.items() if str(sym) in inputs}
-    ranges.update({sympy.Symbol(u, integer=True): ValueRanges(0, int_oo) for u in sources})
+    ranges.update({sympy.Symbol(u, integer=True): ValueRanges(0, int_oo) for u in sizes})
     for node in list(graph.nodes):
         if node.target is not torch.ops.aten._assert_scalar.default or not isinstance(node.args[0], torch.fx.Node):
             continue
@@ -1113,22 +1161,27 @@ def _traced_call(graph: Any, op: Any, args: tuple, kwargs: dict) -> Any:
     return node
 
 
-def _sizes_from_data(ep: Any) -> dict[str, str]:
-    """torch.export's symbol for each size the data decides (u0: the rows of a `nonzero`, the
-    elements a boolean mask selects) -> the op whose result first has it and the user's line."""
+def _read_from_data(ep: Any) -> tuple[dict[str, str], set[str]]:
+    """torch.export's symbols for what the data decides -> the op that computed each first and
+    the user's line, and those of them that are sizes (u0: the rows of a `nonzero`, the elements
+    a boolean mask selects; the others are values `.item()` read)."""
     import torch
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     found: dict[str, str] = {}
+    sizes: set[str] = set()
     for node in ep.graph.nodes:
         value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor):
-            continue
-        for symbol in sorted({str(u) for d in value.shape if isinstance(d, torch.SymInt) for u in free_unbacked_symbols(d.node._expr)} - set(found)):
+        dims = value.shape if isinstance(value, torch.Tensor) else ()
+        symbols = {str(u) for d in dims if isinstance(d, torch.SymInt) for u in free_unbacked_symbols(d.node._expr)}
+        sizes |= symbols
+        if isinstance(value, torch.SymInt):
+            symbols |= {str(u) for u in free_unbacked_symbols(value.node._expr)}
+        for symbol in sorted(symbols - set(found)):
             lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
             at = f" ({lines[-2]}: {lines[-1]})" if len(lines) >= 2 else ""
-            found[symbol] = f"{symbol} is a size that {node.target} computed from the data{at}"
-    return found
+            found[symbol] = f"{symbol} is a {'size' if symbol in sizes else 'value'} that {node.target} computed from the data{at}"
+    return found, sizes
 
 
 _RELATIONS = {"StrictLessThan": "<", "LessThan": "<=", "StrictGreaterThan": ">", "GreaterThan": ">=", "Equality": "==",
@@ -1638,14 +1691,18 @@ def _functional_form(node: Any) -> Any:
 
 def _restore_list_values(graph: Any) -> None:
     """A saved program comes back with the values of ops returning a tensor list (`split`, GRU's
-    gates) as tuples, which torch-mlir takes for several results: made lists again."""
+    gates) as tuples, which torch-mlir takes for several results: made lists again; and without
+    the tensor metadata torch-mlir's importer reads for `.item()` (`_local_scalar_dense`)."""
     import torch
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
     for node in graph.nodes:
         val = node.meta.get("val")
         returns = getattr(getattr(node.target, "_schema", None), "returns", ())
         if isinstance(val, tuple) and len(returns) == 1 and isinstance(returns[0].type, torch.ListType):
             node.meta["val"] = list(val)
+        if node.target is torch.ops.aten._local_scalar_dense.default and "tensor_meta" not in node.args[0].meta:
+            node.args[0].meta["tensor_meta"] = _extract_tensor_metadata(node.args[0].meta["val"])
 
 
 @contextlib.contextmanager

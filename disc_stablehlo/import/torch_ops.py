@@ -10,9 +10,12 @@ StableHLO conversion) into calls of functions written here in StableHLO between 
   passes/top_k.py), along the last dim (others transposed there); the k smallest a sort and a slice;
 - `aten.scatter_reduce` (sum, prod, amax, amin; which torch-mlir cannot convert): a
   `stablehlo.scatter` with the reduction as its combiner;
+- `aten.nonzero` and `aten.repeat_interleave.Tensor` (sizes the data decides), which torch-mlir
+  cannot convert: prefix sums, a scatter and a slice to a count read from the data;
 - `disc::grouped_mm` (torch_frontend.grouped_mm_op: the grouped GEMM of mixture-of-experts
   layers), a `torch.operator` torch-mlir's backend pipeline refuses, so rewritten before it: our
-  custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET).
+  custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET); `disc::check` (an assertion
+  over sizes the data decides) likewise becomes our custom call `ops.ASSERT_TARGET`.
 """
 
 from __future__ import annotations
@@ -472,6 +475,30 @@ def define_functions(module: Any, definitions: list[str]) -> None:
             declared.erase()
 
 
+def _empty_slices_stay_empty(module: Any) -> None:
+    """torch-mlir's slice lowering reads an end that is 0 at run time as the dim's size (`x[:k]`
+    with k read from the data by `.item()` comes out whole for k = 0; torch's own sizes are never
+    0 there, so nothing else meets it): each `select(end == 0, size, end)` that feeds a
+    `real_dynamic_slice`'s limits gives way to the end itself."""
+    from torch_mlir import ir
+
+    from ..mlir_support import walk
+
+    def producer(value: Any, name: str) -> Any:
+        op = getattr(value.owner, "operation", None)
+        return op if op is not None and op.name == name else None
+
+    for op in [op for op in walk(module.operation) if op.name == "stablehlo.real_dynamic_slice"]:
+        limits = producer(op.operands[2], "tensor.from_elements")
+        for i, end in enumerate(limits.operands if limits is not None else ()):
+            select = producer(end, "arith.select")
+            test = select and producer(select.operands[0], "arith.cmpi")
+            zero = test and producer(test.operands[1], "arith.constant")
+            if (zero and ir.IntegerAttr(test.attributes["predicate"]).value == 0 and test.operands[0] == select.operands[2]
+                    and isinstance(zero.attributes["value"], ir.IntegerAttr) and ir.IntegerAttr(zero.attributes["value"]).value == 0):
+                limits.operands[i] = select.operands[2]
+
+
 def to_stablehlo(module: Any) -> None:
     """torch-mlir's torch-to-StableHLO pipeline without its final check that only StableHLO is
     left (the calls of the functions `define_functions` adds are left too) and without
@@ -486,3 +513,4 @@ def to_stablehlo(module: Any) -> None:
             assert dropped in full, f"torch-mlir's pipeline changed: {full}"
             full = full.replace(dropped, "")
         PassManager.parse(full).run(module.operation)
+        _empty_slices_stay_empty(module)
