@@ -5,6 +5,8 @@ selected); torch.export's assumptions about those sizes are checked where they a
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,24 @@ def test_lists_whose_lengths_do_not_add_up_are_refused():
     f = _compile(RaggedSum().eval(), _ragged(8, np.random.default_rng(2)), ({0: "total"}, {0: "n"}))
     with pytest.raises(disc.ShapeError):
         f(np.ones((5, 3), np.float32), np.array([1, 2, 1]))
+
+
+def test_through_torch_compile_when_dynamo_captures_them(monkeypatch):
+    """Told to capture ops whose sizes the data decides (else it breaks the graph there), dynamo
+    gives the backend one graph, compiled once for every shape and mask."""
+    import disc_stablehlo.compiler as compiler
+
+    calls = []
+    real = compiler.compile_source
+    monkeypatch.setattr(compiler, "compile_source", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch._dynamo.reset()
+    model = Distinct().eval()
+    rng = np.random.default_rng(3)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True), warnings.catch_warnings():
+        warnings.filterwarnings("error", message="disc_stablehlo")  # no graph left to PyTorch
+        compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)
+        for n in (4, 9, 17):
+            args = [torch.from_numpy(a) for a in _distinct(n, rng)]
+            for got, want in zip(compiled(*args), model(*args)):
+                torch.testing.assert_close(got, want)
+    assert len(calls) == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import functools
+import logging
 import math
 import os
 import re
@@ -1760,8 +1761,14 @@ def import_torch(source: Source) -> Imported:
     from .torch_ops import define_functions, lower_to_stablehlo
 
     grouped_mm_op(), check_op()  # the program may call them
-    with _quick_load():
-        ep = torch.export.load(source.payload)
+    serde_log = logging.getLogger("torch._export.serde.serialize")
+    level = serde_log.level
+    serde_log.setLevel(logging.ERROR)  # its warning that a size read from the data (u0) has no node that makes it: none need
+    try:
+        with _quick_load():
+            ep = torch.export.load(source.payload)
+    finally:
+        serde_log.setLevel(level)
     _restore_list_values(ep.graph)
     # non-persistent buffers (e.g. position ids) live with the constants, where the importer does not look
     ep.state_dict.update({name: ep.constants[name] for name in ep.graph_signature.non_persistent_buffers if name in ep.constants})
