@@ -741,11 +741,21 @@ def test_an_operator_a_library_defines_is_refused_by_name():
     in PyTorch instead, with a warning naming the op."""
     model = LibraryOp().eval()
     x = torch.randn(3, 8)
-    with pytest.raises(disc.UnsupportedOpError, match=r"outside PyTorch's ATen.*disc_test::scaled_rows \(File .*, in forward\)"):
+    with pytest.raises(disc.UnsupportedOpError, match=r"outside PyTorch's ATen.*disc_test::scaled_rows \(File .*, in forward: .*\)"):
         disc.compile(model, (x,), dynamic_shapes={"x": {0: Dim("b")}})
     compiled = torch.compile(model, backend="disc_stablehlo", dynamic=True)
     with pytest.warns(UserWarning, match="disc_test::scaled_rows"), torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class NoisyLatent(torch.nn.Module):
+    def forward(self, mean):
+        return mean + torch.randn_like(mean) * 0.1
+
+
+def test_random_sampling_is_refused_by_name():
+    with pytest.raises(disc.UnsupportedOpError, match=r"samples random numbers.*randn_like \(File .*torch.randn_like\(mean\)"):
+        disc.compile(NoisyLatent().eval(), (torch.randn(2, 4),), dynamic_shapes={"mean": {0: Dim("b")}})
 
 
 class BlockWithBreak(torch.nn.Module):

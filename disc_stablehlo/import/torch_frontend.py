@@ -1277,7 +1277,7 @@ def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) 
         raise  # a form of an op our decompositions do not take
     except Exception as e:
         raise CompileError(f"decomposing the exported program failed: {e}") from None
-    _refuse_foreign_ops(ep)
+    _refuse_ops_not_compiled(ep)
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
                                       + [_rename(c, names) for c in _runtime_assertions(ep, names)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
@@ -1354,22 +1354,35 @@ def _is_constant(spec: Any) -> bool:
     return isinstance(spec.arg, ConstantArgument)
 
 
-def _refuse_foreign_ops(ep: Any) -> None:
+def _refuse_ops_not_compiled(ep: Any) -> None:
     """Operators a library defines for itself (`torch.library`: torchvision's detection ops) have
     no conversion to StableHLO, and the compiler's process, which does not import the library,
     could not even load the program. Ours (`disc::`) are known to it; transformers' grouped GEMM
-    was decomposed into ours."""
+    was decomposed into ours. Random sampling (`torch.randn`, `rand`, dropout in training mode:
+    ops torch tags as seeded) is not compiled either: the model should take its noise as an
+    argument. Each is refused by name, with the user's line."""
     import torch
 
     foreign: dict[str, str] = {}
+    random: dict[str, str] = {}
     for node in ep.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in ("aten", "prims", "disc"):
-            frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip().startswith("File ")]
-            foreign.setdefault(node.target._schema.name, frames[-1] if frames else "")
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+        at = f"{frames[-2]}: {frames[-1]}" if len(frames) >= 2 else ""
+        if node.target.namespace not in ("aten", "prims", "disc"):
+            foreign.setdefault(node.target._schema.name, at)
+        elif torch.Tag.nondeterministic_seeded in node.target.tags:
+            random.setdefault(node.target._schema.name, at)
+
+    def named(ops: dict[str, str]) -> str:
+        return "; ".join(f"{name} ({at})" if at else name for name, at in ops.items())
     if foreign:
-        where = "; ".join(f"{name} ({at})" if at else name for name, at in foreign.items())
         raise UnsupportedOpError(f"the exported program calls operators defined outside PyTorch's ATen, which disc_stablehlo "
-                                 f"cannot compile: {where}")
+                                 f"cannot compile: {named(foreign)}")
+    if random:
+        raise UnsupportedOpError(f"the exported program samples random numbers, which disc_stablehlo does not compile (pass the "
+                                 f"noise in as an argument instead): {named(random)}")
 
 
 def _traced(v: Any) -> Any:
