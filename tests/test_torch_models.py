@@ -617,6 +617,31 @@ def test_fourier_transforms_of_real_tensors_become_products():
         torch.testing.assert_close(compiled(x), Mixing()(x), rtol=1e-4, atol=1e-4)
 
 
+class LongConvolution(torch.nn.Module):
+    """Hyena's FFT convolution (rfft of input and filter at twice the length, their product,
+    irfft, the first half), a correlation with a conjugate, complex transforms both ways (ortho),
+    2-d real transforms and a spectrum's magnitudes."""
+
+    def forward(self, u, k):
+        n = u.shape[-1]
+        spectrum = torch.fft.rfft(u, n=2 * n)
+        filt = torch.fft.rfft(k, n=2 * n) / (2 * n)
+        return (torch.fft.irfft(spectrum * filt, n=2 * n)[..., :n], torch.fft.irfft(spectrum * filt.conj(), n=2 * n),
+                torch.fft.ifft(torch.fft.fft(u, norm="ortho"), norm="ortho").real, torch.fft.rfft(u).abs(),
+                torch.fft.irfft2(torch.fft.rfft2(u, norm="forward"), s=u.shape[-2:], norm="forward"))
+
+
+def test_fourier_transforms_both_ways_through_complex_spectra():
+    """rfft / irfft / fft / ifft / rfft2 / irfft2 with every norm, products, quotients, conjugates
+    and magnitudes of their spectra: the complex values carried as (real, imaginary) pairs, the
+    transforms as products with cosine and sine matrices of the run-time sizes (odd, even, prime)."""
+    n = Dim("n")
+    compiled = disc.compile(LongConvolution(), (torch.randn(2, 3, 16), torch.randn(3, 16)), dynamic_shapes={"u": {2: n}, "k": {1: n}})
+    for length in (16, 7, 33):
+        u, k = torch.randn(2, 3, length), torch.randn(3, length)
+        torch.testing.assert_close(compiled(u, k), LongConvolution()(u, k), rtol=1e-4, atol=1e-4)
+
+
 def test_unbounded_dim_compiles():
     """`Dim("b")` without bounds: torch.export's upper bound is its `int_oo` (which says it is
     finite): no range guard, any batch runs."""

@@ -343,35 +343,150 @@ def _upsample_antialiased(filter_: Callable) -> tuple[Callable, Callable]:
     return decomposition, by_factors
 
 
-def _fftn_of_real(x: Any, s: Any = None, dim: Any = None, norm: Any = None) -> Any:
-    """`torch.fft.fftn` of a real tensor (FNet's token mixing, `fftn(x).real`) as discrete Fourier
-    transforms by products with cosine and sine matrices computed from the sizes (the angles from
-    k * n mod N in integers), one dim after another, the result a complex tensor made of its two
-    parts (`_complex_as_pairs` carries it as pairs). Complex inputs and output sizes (`s`) keep
-    torch's form."""
+def _parts(x: Any) -> tuple[Any, Any]:
+    """A complex tensor's real and imaginary parts (through `view_as_real`: `_complex_as_pairs`
+    carries complex values as such pairs)."""
+    import torch
+
+    pair = torch.view_as_real(x)
+    return pair[..., 0], pair[..., 1]
+
+
+def _complex(real: Any, imag: Any) -> Any:
+    import torch
+
+    return torch.view_as_complex(torch.stack([real, imag], -1))
+
+
+def _rotations(rows: Any, columns: Any, n: Any, like: Any) -> tuple[Any, Any]:
+    """cos and sin of 2 pi r c / n for r < rows, c < columns (the angle from r c mod n in
+    integers: exact for any size), in `like`'s dtype."""
     import math
 
     import torch
 
-    if x.is_complex() or s is not None or not x.is_floating_point():
-        return NotImplemented
-    dims = range(x.dim()) if dim is None else [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
-    real, imag = x, None
-    for d in dims:
-        n = x.shape[d]
-        k = torch.arange(n, device=x.device)
-        size = torch.full((), n, dtype=x.dtype, device=x.device)  # (a float of a size would not import)
-        angle = torch.remainder(k[:, None] * k[None, :], n).to(x.dtype) * (2 * math.pi) / size
-        cos, sin = torch.cos(angle), torch.sin(angle)
+    r, c = torch.arange(rows, device=like.device), torch.arange(columns, device=like.device)
+    size = torch.full((), n, dtype=like.dtype, device=like.device)  # (a float of a size would not import)
+    angle = torch.remainder(r[:, None] * c[None, :], n).to(like.dtype) * (2 * math.pi) / size
+    return torch.cos(angle), torch.sin(angle)
 
-        def along(m: Any, t: Any) -> Any:
-            return torch.matmul(m, t.movedim(d, -2)).movedim(-2, d)
-        real, imag = ((along(cos, real), -along(sin, real)) if imag is None else
-                      (along(cos, real) + along(sin, imag), along(cos, imag) - along(sin, real)))
-        if norm in ("ortho", "forward"):
-            scale = size.sqrt() if norm == "ortho" else size
-            real, imag = real / scale, imag / scale
-    return torch.view_as_complex(torch.stack([real, torch.zeros_like(real) if imag is None else imag], -1))
+
+def _along(m: Any, t: Any, dim: int) -> Any:
+    """The product of matrix m (rows x columns) with t along its dim `dim` (of `columns` elements)."""
+    import torch
+
+    return torch.matmul(m, t.movedim(dim, -2)).movedim(-2, dim)
+
+
+def _transformed(real: Any, imag: Any, dim: int, forward: bool) -> tuple[Any, Any]:
+    """A discrete Fourier transform of (real, imag) along `dim`: forward (e^-i) or inverse (e^+i), unscaled."""
+    n = real.shape[dim]
+    cos, sin = _rotations(n, n, n, real)
+    sign = 1 if forward else -1
+    return (_along(cos, real, dim) + sign * _along(sin, imag, dim), _along(cos, imag, dim) - sign * _along(sin, real, dim))
+
+
+def _normalized(real: Any, imag: Any, normalization: int, sizes: list) -> tuple[Any, Any]:
+    """torch's fft normalization codes: 0 none, 1 by the square root of the transformed size, 2 by it."""
+    import torch
+
+    if normalization == 0:
+        return real, imag
+    n = torch.full((), math.prod(sizes), dtype=real.dtype, device=real.device)
+    scale = n.sqrt() if normalization == 1 else n
+    return real / scale, imag / scale
+
+
+def _fft_r2c(x: Any, dim: Any, normalization: int = 0, onesided: bool = True) -> Any:
+    """The Fourier transform of a real tensor over `dim` (`torch.fft.rfft`, `fft` and `fftn` of real
+    tensors; FNet's token mixing), the last of them to its n // 2 + 1 first frequencies where
+    `onesided`: products with cosine and sine matrices computed from the sizes (O(n^2) per dim,
+    not O(n log n)), a complex result made of its two parts."""
+    dims = [d % x.dim() for d in dim]
+    last, n = dims[-1], x.shape[dims[-1]]
+    cos, sin = _rotations(n // 2 + 1 if onesided else n, n, n, x)
+    real, imag = _along(cos, x, last), -_along(sin, x, last)
+    for d in dims[:-1]:
+        real, imag = _transformed(real, imag, d, forward=True)
+    return _complex(*_normalized(real, imag, normalization, [x.shape[d] for d in dims]))
+
+
+def _fft_c2c(x: Any, dim: Any, normalization: int = 0, forward: bool = True) -> Any:
+    """`torch.fft.fft` / `ifft` (and n-d) of a complex tensor, as `_fft_r2c`."""
+    real, imag = _parts(x)
+    dims = [d % x.dim() for d in dim]
+    for d in dims:
+        real, imag = _transformed(real, imag, d, forward)
+    return _complex(*_normalized(real, imag, normalization, [x.shape[d] for d in dims]))
+
+
+def _fft_c2r(x: Any, dim: Any, normalization: int = 0, last_dim_size: Any = None) -> Any:
+    """`torch.fft.irfft` (and n-d): the inverse transforms over `dim`, the last from the m first
+    frequencies of a Hermitian spectrum to `last_dim_size` real values: frequency 0 (and n / 2)
+    once, the others twice (for their conjugates), those past n / 2 not at all, the imaginary parts
+    of 0 and n / 2 ignored (their sines are 0), as torch does."""
+    import torch
+
+    real, imag = _parts(x)
+    dims = [d % x.dim() for d in dim]
+    for d in dims[:-1]:
+        real, imag = _transformed(real, imag, d, forward=False)
+    last, n = dims[-1], last_dim_size
+    k = torch.arange(real.shape[last], device=real.device)
+    weight = torch.where((k == 0) | (2 * k == n), 1, torch.where(2 * k < n, 2, 0)).to(real.dtype)
+    weight = weight.reshape([-1] + [1] * (real.dim() - last - 1))
+    cos, sin = _rotations(n, real.shape[last], n, real)
+    out = _along(cos, real * weight, last) - _along(sin, imag * weight, last)
+    return _normalized(out, out, normalization, [n] + [x.shape[d] for d in dims[:-1]])[0]
+
+
+@contextlib.contextmanager
+def _fft_norms_of_sizes() -> Any:
+    """torch's FFT references (which `_decompositions` takes for `torch.fft.*`) scale by
+    `1 / math.sqrt(n)` for norm="ortho": of a symbolic size, the float of its example value (a
+    silent wrong answer at every other size). While decomposing, that scale is computed from the
+    size as a tensor."""
+    import torch
+    import torch._refs.fft as references
+
+    apply_norm = references._apply_norm
+
+    def of_sizes(x: Any, norm: Any, signal_numel: Any, forward: bool) -> Any:
+        if norm != "ortho":
+            return apply_norm(x, norm, signal_numel, forward)
+        return x * torch.full((), signal_numel, dtype=x.dtype.to_real(), device=x.device).rsqrt()
+
+    references._apply_norm = of_sizes
+    try:
+        yield
+    finally:
+        references._apply_norm = apply_norm
+
+
+def _conj(x: Any) -> Any:
+    """The conjugate of a complex tensor (`conj()`, a view torch resolves later), in its parts."""
+    real, imag = _parts(x)
+    return _complex(real, -imag)
+
+
+def _complex_abs(x: Any) -> Any:
+    """|x| of a complex tensor (a spectrum's magnitudes) from its parts; of others NotImplemented."""
+    import torch
+
+    if not x.is_complex():
+        return NotImplemented
+    real, imag = _parts(x)
+    return torch.sqrt(real * real + imag * imag)
+
+
+def _complex_div(x: Any, other: Any) -> Any:
+    """A complex tensor divided by a real one or a number (a spectrum scaled); others NotImplemented."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or not x.is_complex() or (isinstance(other, torch.Tensor) and other.is_complex()) or isinstance(other, complex):
+        return NotImplemented
+    real, imag = _parts(x)
+    return _complex(real / other, imag / other)
 
 
 def _complex_mul(x: Any, other: Any) -> Any:
@@ -385,7 +500,7 @@ def _complex_mul(x: Any, other: Any) -> Any:
         if isinstance(v, torch.Tensor) and v.is_complex():
             pair = torch.view_as_real(v)
             return pair[..., 0], pair[..., 1]
-        return (v, 0.0) if isinstance(v, torch.Tensor) else (complex(v).real, complex(v).imag)
+        return (v.real, v.imag) if isinstance(v, complex) else (v, 0.0)  # (a size's float stays symbolic)
 
     if not any(isinstance(v, torch.Tensor) and v.is_complex() for v in (x, other)):
         return NotImplemented
@@ -723,9 +838,9 @@ def _decompositions() -> dict:
     (stable sort, group norm, batch norm in inference, nearest upsampling, empty_strided, as_strided in row-major order,
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
-    sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms of real tensors,
-    histograms, clamps by tensors, products
-    of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
+    sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
+    (real to complex, complex, complex to real), histograms, clamps by tensors, products, quotients,
+    conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
@@ -750,7 +865,17 @@ def _decompositions() -> dict:
     table[torch.ops.aten._unique2.default] = _unique
     table[torch.ops.aten.unique_consecutive.default] = _unique_consecutive
     table[torch.ops.aten.bincount.default] = _bincount
-    table[torch.ops.aten.fft_fftn.default] = _fftn_of_real
+    import torch._refs.fft
+
+    for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft"):  # torch's references write them with the three below
+        for form in ("", "2", "n"):
+            table[getattr(torch.ops.aten, f"fft_{name}{form}").default] = getattr(torch._refs.fft, f"{name}{form}")
+    for kind, fn in (("r2c", _fft_r2c), ("c2c", _fft_c2c), ("c2r", _fft_c2r)):  # ATen's, and the references' prims (unnormalized)
+        table[getattr(torch.ops.aten, f"_fft_{kind}").default] = table[getattr(torch.ops.prims, f"fft_{kind}").default] = fn
+    for op in (torch.ops.aten._conj.default, torch.ops.aten.conj_physical.default):
+        table[op] = _conj
+    table[torch.ops.aten.abs.default] = _complex_abs
+    table[torch.ops.aten.div.Tensor] = _complex_div
     for op, filter_ in ((torch.ops.aten._upsample_bilinear2d_aa, _bilinear_filter), (torch.ops.aten._upsample_bicubic2d_aa, _bicubic_filter)):
         table[op.default], table[op.vec] = _upsample_antialiased(filter_)
     table[torch.ops.aten.mul.Tensor] = _complex_mul
@@ -1272,7 +1397,8 @@ def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) 
     dims = [tuple(_rename(d, names) if isinstance(d, str) else d for d in shape) for shape in dims]
     _decomposable_forms(ep)
     try:
-        ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
+        with _fft_norms_of_sizes():
+            ep = ep.run_decompositions(_decompositions())  # here: a saved and loaded program loses derived dims' forms
     except UnsupportedOpError:
         raise  # a form of an op our decompositions do not take
     except Exception as e:
@@ -1464,7 +1590,7 @@ def _complex_as_pairs(ep: Any) -> None:
     """Complex tensors, for which torch-mlir's StableHLO lowering has no conversion, as real
     tensors of (real, imaginary) pairs in a trailing dim of 2 (`view_as_real`'s form): Llama 4's
     rotary positions (`torch.polar`, the queries and keys seen as complex pairs, their products:
-    `_complex_mul` writes those in pairs already). Done where every complex value is made by
+    `_complex_mul` writes those in pairs already), Fourier transforms (`_fft_r2c` and the others). Done where every complex value is made by
     `view_as_complex`, `polar` or a view and used by `view_as_real` or a view; otherwise nothing
     changes (and torch-mlir names the op it cannot convert)."""
     import torch
@@ -1476,7 +1602,7 @@ def _complex_as_pairs(ep: Any) -> None:
         return isinstance(_traced(v), torch.Tensor) and _traced(v).is_complex()
 
     views = {aten.unsqueeze.default, aten.slice.Tensor, aten.select.int, aten.clone.default, aten.alias.default,
-             aten.expand.default, aten.view.default, aten.permute.default}
+             aten.expand.default, aten.view.default, aten.permute.default, torch.ops.prims.convert_element_type.default}
     made = [n for n in graph.nodes if complex_(n)]
     if not made or not all(n.op == "call_function" and n.target in views | {aten.view_as_complex.default, aten.polar.default}
                            and all(u.op == "call_function" and (u.target in views | {aten.view_as_real.default} or
@@ -1507,6 +1633,13 @@ def _complex_as_pairs(ep: Any) -> None:
                 pairs[n] = call(n.target, pairs[n.args[0]], [*n.args[1], 2])
             elif n.target is aten.permute.default:
                 pairs[n] = call(n.target, pairs[n.args[0]], [d % rank for d in n.args[1]] + [rank])
+            elif n.target is torch.ops.prims.convert_element_type.default:  # the FFT references': real -> complex, complex64 <-> 128
+                x = n.args[0]
+                if not complex_(x):
+                    x = call(n.target, x, n.args[1].to_real())
+                    pairs[n] = call(aten.stack.default, [x, call(aten.zeros_like.default, x)], -1)
+                else:
+                    pairs[n] = call(n.target, pairs[x], n.args[1].to_real())
             else:  # clone, alias
                 pairs[n] = pairs[n.args[0]]
     for n in made:

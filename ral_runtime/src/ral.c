@@ -816,6 +816,30 @@ int blas_layout(int64_t s_rows, int64_t s_cols, int64_t rows, int64_t cols, int 
   return 0;
 }
 
+/* An operand whose rows and columns both stride past 1 (a view of every other element: the real
+ * parts of complex pairs) copied into a row-major buffer of its distinct entries (`outers` of
+ * `entries` each), its strides made those of the copy. Returns the buffer (NULL: out of memory,
+ * raised). */
+static void *gemm_packed_operand(ral_context *ctx, size_t elem, const void **base, int64_t outers, int64_t entries,
+                                 int64_t *s_outer, int64_t *s_entry, int64_t rows, int64_t cols, int64_t *s_rows,
+                                 int64_t *s_cols) {
+  char *copy = ral_alloc(ctx, (size_t)(outers * entries * rows * cols) * elem);
+  if (!copy) return NULL;
+  const char *src = *base;
+  char *dst = copy;
+  for (int64_t o = 0; o < outers; o++)
+    for (int64_t e = 0; e < entries; e++)
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++, dst += elem)
+          memcpy(dst, src + (o * *s_outer + e * *s_entry + r * *s_rows + c * *s_cols) * (int64_t)elem, elem);
+  *base = copy;
+  *s_outer = entries * rows * cols;
+  *s_entry = rows * cols;
+  *s_rows = cols;
+  *s_cols = 1;
+  return copy;
+}
+
 /* One GEMM split into blocks of rows (or, for few rows, of columns) of every batch entry, run
  * on the pool; with an epilogue, each row block of C is handed to it as soon as it is written
  * (while it is in cache). */
@@ -985,10 +1009,19 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     g->epilogue = NULL;
   }
   int empty = g->m == 0 || g->n == 0 || batch == 0;
-  if (!empty && (!blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda) || !blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb))) {
-    snprintf(message, sizeof message, "%s: operand has no unit stride", name);
-    context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
-    return;
+  size_t elem = g->is_double ? sizeof(double) : sizeof(float);
+  void *copy_a = NULL, *copy_b = NULL;
+  if (!empty && !blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda)) {
+    if (!(copy_a = gemm_packed_operand(ctx, elem, &g->a, batch / g->inner, (g->inner + g->a_group - 1) / g->a_group, &g->sa_b,
+                                       &g->sa_i, g->m, g->k, &sa_m, &sa_k)))
+      return;
+    blas_layout(sa_m, sa_k, g->m, g->k, &g->ta, &g->lda);
+  }
+  if (!empty && !blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb)) {
+    if (!(copy_b = gemm_packed_operand(ctx, elem, &g->b, batch / g->inner, (g->inner + g->b_group - 1) / g->b_group, &g->sb_b,
+                                       &g->sb_i, g->k, g->n, &sb_k, &sb_n)))
+      return;
+    blas_layout(sb_k, sb_n, g->k, g->n, &g->tb, &g->ldb);
   }
   if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
       g->ldc > INT32_MAX) {
@@ -1000,7 +1033,6 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
              g->k * g->ldb * (int64_t)sizeof(float) > ctx->rt->l2_bytes && !context_owns(ctx, g->b);
   int64_t start = now_ns();
   if (empty || g->k == 0) {
-    size_t elem = g->is_double ? sizeof(double) : sizeof(float);
     for (int64_t e = 0; !empty && e < batch; e++) /* zeros, row by row (C may be a strided view) */
       for (int64_t r = 0; r < g->m; r++)
         memset((char *)g->c + ((e / g->inner) * g->sc_b + (e % g->inner) * g->sc_i + r * g->ldc) * elem, 0, (size_t)g->n * elem);
@@ -1033,6 +1065,8 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     if (g->packed) context_free(ctx, g->packed);
     stat_record(key, pooled, start);
   }
+  if (copy_a) context_free(ctx, copy_a);
+  if (copy_b) context_free(ctx, copy_b);
   if (!epilogue) return;
   if (g->epilogue) /* ran behind the row blocks */
     stat_fused(epilogue, atomic_load(&g->epilogue_ns));

@@ -782,6 +782,22 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
     CHECK(gemm_heads_match(ctx, 2, 40, 8, 16, 4, 0)); /* keys shared by groups of 4 heads */
     CHECK(gemm_heads_match(ctx, 1, 5, 6, 3, 3, 0));   /* small: inline */
     CHECK(gemm_heads_match(ctx, 2, 40, 8, 16, 2, 1)); /* the shared keys as A */
+    { /* operands with no unit stride (every other element: the real parts of complex pairs): copied first */
+      float ap[2 * 3 * 8], bp[2 * 4 * 10], cp[2 * 3 * 5];
+      for (int i = 0; i < 48; i++) ap[i] = (float)(i % 9) - 4;
+      for (int i = 0; i < 80; i++) bp[i] = (float)(i % 7) - 3;
+      disc_ral_gemm_f32(1, 2, 3, 5, 4, ap, 0, 24, 1, 8, 2, bp, 0, 40, 1, 10, 2, cp, 0, 15, 5);
+      CHECK(ral_context_status(ctx) == RAL_OK);
+      int ok = 1;
+      for (int e = 0; e < 2; e++)
+        for (int i = 0; i < 3; i++)
+          for (int j = 0; j < 5; j++) {
+            float ref = 0;
+            for (int x = 0; x < 4; x++) ref += ap[e * 24 + i * 8 + x * 2] * bp[e * 40 + x * 10 + j * 2];
+            ok &= cp[e * 15 + i * 5 + j] == ref;
+          }
+      CHECK(ok);
+    }
     CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40, 0));  /* row blocks, one per thread: after the product */
     CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 0));  /* behind each of 16 batch entries */
     CHECK(gemm_epilogue_matches(ctx, 1, 8, 300, 128, 0));  /* column blocks: after the product */
