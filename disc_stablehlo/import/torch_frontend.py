@@ -464,7 +464,10 @@ def _fft_norms_of_sizes() -> Any:
 
 
 def _conj(x: Any) -> Any:
-    """The conjugate of a complex tensor (`conj()`, a view torch resolves later), in its parts."""
+    """The conjugate of a complex tensor (`conj()`, a view torch resolves later), in its parts; of
+    others NotImplemented."""
+    if not x.is_complex():
+        return NotImplemented
     real, imag = _parts(x)
     return _complex(real, -imag)
 
