@@ -21,6 +21,12 @@ GROUPED_GEMM_TARGET = "disc.grouped_gemm"
 # the call with a ShapeError where the condition is false
 ASSERT_TARGET = "disc.assert"
 
+# a Fourier transform along the last signal dim of PyTorch's (import/torch_ops.py), complex values
+# as (real, imaginary) pairs in a trailing dim of 2: (x, i64 n) -> y, its kind (0 FFT, 1 IFFT,
+# 2 RFFT, 3 IRFFT: stablehlo.fft's) in the attribute; passes/fft.py calls the RAL's FFT
+FFT_TARGET, FFT_KIND_ATTR = "disc.fft", "disc.fft_kind"
+FFT_KINDS = {"FFT": 0, "IFFT": 1, "RFFT": 2, "IRFFT": 3}  # also the RAL's disc_ral_fft's `kind`
+
 # JAX's LAPACK custom calls on the CPU (`lapack_<s|d|c|z><routine>_ffi`): passes/lapack.py lowers
 # them to the RAL's disc_ral_lapack; the routine's code there, by its real and complex names
 LAPACK_ROUTINES = {"getrf": 0, "potrf": 1, "geqrf": 2, "orgqr": 3, "ungqr": 3, "trsm": 4, "syevd": 5, "heevd": 5,

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..artifact import Deferred
 from ..errors import CompileError, UnsupportedOpError
+from ..ops import FFT_KINDS
 from ..runtime import Binding
 from . import Imported, Source, entry_name, find_entry, parse_stablehlo, register_frontend
 
@@ -343,101 +344,88 @@ def _upsample_antialiased(filter_: Callable) -> tuple[Callable, Callable]:
     return decomposition, by_factors
 
 
-def _parts(x: Any) -> tuple[Any, Any]:
-    """A complex tensor's real and imaginary parts (through `view_as_real`: `_complex_as_pairs`
-    carries complex values as such pairs)."""
+@functools.cache
+def fft_op() -> Any:
+    """`disc::fft(x, kind, n) -> y`: a Fourier transform along the last signal dim, on the RAL's
+    FFT (passes/fft.py), complex values as (real, imaginary) pairs in a trailing dim of 2. Kinds as
+    `stablehlo.fft`'s (the inverses divide by n): FFT and IFFT [..., n, 2] -> [..., n, 2]; RFFT
+    [..., n] -> [..., n // 2 + 1, 2]; IRFFT [..., n // 2 + 1, 2] -> [..., n]. Declared like
+    `grouped_mm_op`."""
     import torch
 
-    pair = torch.view_as_real(x)
-    return pair[..., 0], pair[..., 1]
+    torch.library.define("disc::fft", "(Tensor x, int kind, SymInt n) -> Tensor")
+
+    @torch.library.register_fake("disc::fft")
+    def _(x: Any, kind: int, n: Any) -> Any:
+        if kind == FFT_KINDS["RFFT"]:
+            return x.new_empty(*x.shape[:-1], n // 2 + 1, 2)
+        return x.new_empty(*x.shape[:-2], n) if kind == FFT_KINDS["IRFFT"] else x.new_empty(x.shape)
+    return torch.ops.disc.fft.default
 
 
-def _complex(real: Any, imag: Any) -> Any:
+def _transformed(pairs: Any, dim: int, kind: str) -> Any:
+    """`disc::fft` of kind FFT or IFFT along signal dim `dim` of (real, imaginary) pairs."""
+    n = pairs.shape[dim]
+    return fft_op()(pairs.movedim(dim, -2), FFT_KINDS[kind], n).movedim(-2, dim)
+
+
+def _normalized(pairs: Any, normalization: int, sizes: list, inverted: list) -> Any:
+    """torch's fft normalization codes (0 none, 1 by the square root of the transformed size, 2
+    by it), the RAL's inverse transforms' division by their sizes (`inverted`) undone."""
     import torch
 
-    return torch.view_as_complex(torch.stack([real, imag], -1))
-
-
-def _rotations(rows: Any, columns: Any, n: Any, like: Any) -> tuple[Any, Any]:
-    """cos and sin of 2 pi r c / n for r < rows, c < columns (the angle from r c mod n in
-    integers: exact for any size), in `like`'s dtype."""
-    import math
-
-    import torch
-
-    r, c = torch.arange(rows, device=like.device), torch.arange(columns, device=like.device)
-    size = torch.full((), n, dtype=like.dtype, device=like.device)  # (a float of a size would not import)
-    angle = torch.remainder(r[:, None] * c[None, :], n).to(like.dtype) * (2 * math.pi) / size
-    return torch.cos(angle), torch.sin(angle)
-
-
-def _along(m: Any, t: Any, dim: int) -> Any:
-    """The product of matrix m (rows x columns) with t along its dim `dim` (of `columns` elements)."""
-    import torch
-
-    return torch.matmul(m, t.movedim(dim, -2)).movedim(-2, dim)
-
-
-def _transformed(real: Any, imag: Any, dim: int, forward: bool) -> tuple[Any, Any]:
-    """A discrete Fourier transform of (real, imag) along `dim`: forward (e^-i) or inverse (e^+i), unscaled."""
-    n = real.shape[dim]
-    cos, sin = _rotations(n, n, n, real)
-    sign = 1 if forward else -1
-    return (_along(cos, real, dim) + sign * _along(sin, imag, dim), _along(cos, imag, dim) - sign * _along(sin, real, dim))
-
-
-def _normalized(real: Any, imag: Any, normalization: int, sizes: list) -> tuple[Any, Any]:
-    """torch's fft normalization codes: 0 none, 1 by the square root of the transformed size, 2 by it."""
-    import torch
-
+    def size(dims: list) -> Any:
+        return torch.full((), math.prod(dims), dtype=pairs.dtype, device=pairs.device)
+    if inverted:
+        pairs = pairs * size(inverted)
     if normalization == 0:
-        return real, imag
-    n = torch.full((), math.prod(sizes), dtype=real.dtype, device=real.device)
-    scale = n.sqrt() if normalization == 1 else n
-    return real / scale, imag / scale
+        return pairs
+    return pairs / (size(sizes).sqrt() if normalization == 1 else size(sizes))
 
 
 def _fft_r2c(x: Any, dim: Any, normalization: int = 0, onesided: bool = True) -> Any:
     """The Fourier transform of a real tensor over `dim` (`torch.fft.rfft`, `fft` and `fftn` of real
-    tensors; FNet's token mixing), the last of them to its n // 2 + 1 first frequencies where
-    `onesided`: products with cosine and sine matrices computed from the sizes (O(n^2) per dim,
-    not O(n log n)), a complex result made of its two parts."""
+    tensors: FNet's token mixing), the last of them to its n // 2 + 1 first frequencies where
+    `onesided`: the RAL's FFT one dim at a time, a complex result made of its two parts."""
+    import torch
+
     dims = [d % x.dim() for d in dim]
-    last, n = dims[-1], x.shape[dims[-1]]
-    cos, sin = _rotations(n // 2 + 1 if onesided else n, n, n, x)
-    real, imag = _along(cos, x, last), -_along(sin, x, last)
+    last = dims[-1]
+    if onesided:
+        pairs = fft_op()(x.movedim(last, -1), FFT_KINDS["RFFT"], x.shape[last]).movedim(-2, last)
+    else:
+        pairs = _transformed(torch.stack([x, torch.zeros_like(x)], -1), last, "FFT")
     for d in dims[:-1]:
-        real, imag = _transformed(real, imag, d, forward=True)
-    return _complex(*_normalized(real, imag, normalization, [x.shape[d] for d in dims]))
+        pairs = _transformed(pairs, d, "FFT")
+    return torch.view_as_complex(_normalized(pairs, normalization, [x.shape[d] for d in dims], []))
 
 
 def _fft_c2c(x: Any, dim: Any, normalization: int = 0, forward: bool = True) -> Any:
     """`torch.fft.fft` / `ifft` (and n-d) of a complex tensor, as `_fft_r2c`."""
-    real, imag = _parts(x)
+    import torch
+
+    pairs = torch.view_as_real(x)
     dims = [d % x.dim() for d in dim]
     for d in dims:
-        real, imag = _transformed(real, imag, d, forward)
-    return _complex(*_normalized(real, imag, normalization, [x.shape[d] for d in dims]))
+        pairs = _transformed(pairs, d, "FFT" if forward else "IFFT")
+    sizes = [x.shape[d] for d in dims]
+    return torch.view_as_complex(_normalized(pairs, normalization, sizes, [] if forward else sizes))
 
 
 def _fft_c2r(x: Any, dim: Any, normalization: int = 0, last_dim_size: Any = None) -> Any:
-    """`torch.fft.irfft` (and n-d): the inverse transforms over `dim`, the last from the m first
-    frequencies of a Hermitian spectrum to `last_dim_size` real values: frequency 0 (and n / 2)
-    once, the others twice (for their conjugates), those past n / 2 not at all, the imaginary parts
-    of 0 and n / 2 ignored (their sines are 0), as torch does."""
+    """`torch.fft.irfft` (and n-d): the inverse transforms over `dim`, the last from the n // 2 + 1
+    first frequencies of a Hermitian spectrum (torch resizes the input to those) to
+    `last_dim_size` = n real values."""
     import torch
 
-    real, imag = _parts(x)
+    pairs = torch.view_as_real(x)
     dims = [d % x.dim() for d in dim]
     for d in dims[:-1]:
-        real, imag = _transformed(real, imag, d, forward=False)
+        pairs = _transformed(pairs, d, "IFFT")
     last, n = dims[-1], last_dim_size
-    k = torch.arange(real.shape[last], device=real.device)
-    weight = torch.where((k == 0) | (2 * k == n), 1, torch.where(2 * k < n, 2, 0)).to(real.dtype)
-    weight = weight.reshape([-1] + [1] * (real.dim() - last - 1))
-    cos, sin = _rotations(n, real.shape[last], n, real)
-    out = _along(cos, real * weight, last) - _along(sin, imag * weight, last)
-    return _normalized(out, out, normalization, [n] + [x.shape[d] for d in dims[:-1]])[0]
+    out = fft_op()(pairs.movedim(last, -2), FFT_KINDS["IRFFT"], n).movedim(-1, last)
+    sizes = [n] + [x.shape[d] for d in dims[:-1]]
+    return _normalized(out, normalization, sizes, sizes)
 
 
 @contextlib.contextmanager
@@ -461,6 +449,21 @@ def _fft_norms_of_sizes() -> Any:
         yield
     finally:
         references._apply_norm = apply_norm
+
+
+def _parts(x: Any) -> tuple[Any, Any]:
+    """A complex tensor's real and imaginary parts (through `view_as_real`: `_complex_as_pairs`
+    carries complex values as such pairs)."""
+    import torch
+
+    pair = torch.view_as_real(x)
+    return pair[..., 0], pair[..., 1]
+
+
+def _complex(real: Any, imag: Any) -> Any:
+    import torch
+
+    return torch.view_as_complex(torch.stack([real, imag], -1))
 
 
 def _conj(x: Any) -> Any:
@@ -1909,7 +1912,7 @@ def import_torch(source: Source) -> Imported:
     from ..bounded_dynamism.signature import signature_from_function
     from .torch_ops import define_functions, lower_to_stablehlo
 
-    grouped_mm_op(), check_op()  # the program may call them
+    grouped_mm_op(), check_op(), fft_op()  # the program may call them
     serde_log = logging.getLogger("torch._export.serde.serialize")
     level = serde_log.level
     serde_log.setLevel(logging.ERROR)  # its warning that a size read from the data (u0) has no node that makes it: none need

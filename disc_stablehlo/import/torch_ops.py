@@ -15,7 +15,8 @@ StableHLO conversion) into calls of functions written here in StableHLO between 
 - `disc::grouped_mm` (torch_frontend.grouped_mm_op: the grouped GEMM of mixture-of-experts
   layers), a `torch.operator` torch-mlir's backend pipeline refuses, so rewritten before it: our
   custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET); `disc::check` (an assertion
-  over sizes the data decides) likewise becomes our custom call `ops.ASSERT_TARGET`.
+  over sizes the data decides) and `disc::fft` (torch.fft's transforms) likewise become our custom
+  calls `ops.ASSERT_TARGET` and `ops.FFT_TARGET`.
 """
 
 from __future__ import annotations
@@ -401,6 +402,26 @@ class _Rewriter:
             return [b(f"stablehlo.select {reached}, {reduced}, {xv} : {tensor_type(shape, 'i1')}, {ty}")], []
         self.replace(op, "scatter_reduce", [x, index, src], build)
 
+    def fft(self, op: Any) -> None:
+        """`disc::fft` (torch_frontend.fft_op): our custom call `FFT_TARGET` on the operand and the
+        transform's length as a tensor (passes/fft.py: the RAL's FFT)."""
+        from torch_mlir import ir
+
+        from ..ops import FFT_KIND_ATTR, FFT_TARGET
+
+        x, kind, n = op.operands
+        kind = _constant_operand(kind)
+        with ir.InsertionPoint(op), op.location:
+            length = ir.Operation.create("torch.prim.NumToTensor.Scalar", results=[ir.Type.parse("!torch.vtensor<[],si64>")],
+                                         operands=[n]).result
+        shape, elem = _builtin(x.type)
+        result = tensor_type(_builtin(op.results[0].type)[0], elem)
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            return [b(f"stablehlo.custom_call @{FFT_TARGET}({args[0]}, {args[1]}) {{{FFT_KIND_ATTR} = {kind} : i64}} : "
+                      f"({tensor_type(shape, elem)}, tensor<i64>) -> {result}")], []
+        self.replace(op, "fft", [x, length], build)
+
     def grouped_mm(self, op: Any) -> None:
         """`disc::grouped_mm` (torch_frontend.grouped_mm_op): the custom call the compiler gives
         the RAL's grouped GEMM (GROUPED_GEMM_TARGET), in f32 or f64 (other floats converted to
@@ -426,7 +447,7 @@ class _Rewriter:
 # operators of other libraries (`torch.operator`, by name) -> rewrite, before torch-mlir's backend
 # pipeline, which refuses them; torch-dialect op -> rewrite, after it (aten.topk must be kept from its
 # decomposition, a sort)
-OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check}
+OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check, "torch.disc.fft": _Rewriter.fft}
 REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
             "torch.aten.repeat_interleave.Tensor": _Rewriter.repeat_interleave, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
