@@ -1,6 +1,9 @@
 """FFTs compiled by disc_stablehlo (the RAL's FFT) against numpy's pocketfft, one thread each
 (DISC_NUM_THREADS=1; numpy's FFT is single-threaded), on large sizes: powers of two, a smooth
 length (2^6 * 5^6), a prime (Bluestein), the real transform, a batch of lines, a 2-D transform.
+Then PyTorch's `torch.fft` through the torch frontend (compiled once for any length) against torch
+eager, one thread each: a Hyena-style FFT convolution (rfft of input and filter at twice the
+length, product, irfft) at three lengths.
 
     python benchmarks/fft.py
 
@@ -65,7 +68,32 @@ def main() -> int:
         worst = max(worst, ratio)
         print(f"{name:<32} {1e3 * times['disc']:>9.2f} {1e3 * times['numpy']:>9.2f} {ratio:>6.2f}x")
     print(f"slowest against numpy: {worst:.2f}x; load {os.getloadavg()[0]:.2f} at the end")
+    _torch_convolution(disc)
     return 0
+
+
+def _torch_convolution(disc) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+    class LongConvolution(torch.nn.Module):
+        def forward(self, u, k):
+            n = u.shape[-1]
+            return torch.fft.irfft(torch.fft.rfft(u, n=2 * n) * torch.fft.rfft(k, n=2 * n), n=2 * n)[..., :n]
+
+    model, n = LongConvolution(), torch.export.Dim("n")
+    f = disc.compile(model, (torch.randn(4, 32, 64), torch.randn(32, 64)), dynamic_shapes=({2: n}, {1: n}))
+    print(f"\ntorch.fft, one thread each; load {os.getloadavg()[0]:.2f}")
+    print(f"{'FFT convolution (4, 32, L)':<32} {'disc ms':>9} {'torch ms':>9} {'ratio':>7}")
+    for length in (256, 1024, 4096):
+        u, k = torch.randn(4, 32, length), torch.randn(32, length)
+        f(u, k), model(u, k)
+        times = {"disc": float("inf"), "torch": float("inf")}
+        for _ in range(7):
+            times["disc"] = min(times["disc"], _best(lambda a: f(*a), (u, k), 1))
+            times["torch"] = min(times["torch"], _best(lambda a: model(*a), (u, k), 1))
+        print(f"{'L = ' + str(length):<32} {1e3 * times['disc']:>9.2f} {1e3 * times['torch']:>9.2f} {times['disc'] / times['torch']:>6.2f}x")
 
 
 if __name__ == "__main__":

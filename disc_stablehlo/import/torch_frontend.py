@@ -350,7 +350,7 @@ def fft_op() -> Any:
     FFT (passes/fft.py), complex values as (real, imaginary) pairs in a trailing dim of 2. Kinds as
     `stablehlo.fft`'s (the inverses divide by n): FFT and IFFT [..., n, 2] -> [..., n, 2]; RFFT
     [..., n] -> [..., n // 2 + 1, 2]; IRFFT [..., n // 2 + 1, 2] -> [..., n]. Declared like
-    `grouped_mm_op`."""
+    `grouped_mm_op`, with a PyTorch kernel for the same use."""
     import torch
 
     torch.library.define("disc::fft", "(Tensor x, int kind, SymInt n) -> Tensor")
@@ -360,6 +360,15 @@ def fft_op() -> Any:
         if kind == FFT_KINDS["RFFT"]:
             return x.new_empty(*x.shape[:-1], n // 2 + 1, 2)
         return x.new_empty(*x.shape[:-2], n) if kind == FFT_KINDS["IRFFT"] else x.new_empty(x.shape)
+
+    @torch.library.impl("disc::fft", "CompositeExplicitAutograd")
+    def _(x: Any, kind: int, n: Any) -> Any:
+        if kind == FFT_KINDS["RFFT"]:
+            return torch.view_as_real(torch.fft.rfft(x))
+        spectrum = torch.view_as_complex(x.contiguous())
+        if kind == FFT_KINDS["IRFFT"]:
+            return torch.fft.irfft(spectrum, n=n)
+        return torch.view_as_real(torch.fft.fft(spectrum) if kind == FFT_KINDS["FFT"] else torch.fft.ifft(spectrum))
     return torch.ops.disc.fft.default
 
 
@@ -520,8 +529,9 @@ def grouped_mm_op() -> Any:
     mixture-of-experts layers, rows [offs[g - 1], offs[g]) of `input` times `weight[g]` (from row 0
     for g = 0), the rows from offs[G - 1] on zeros. transformers' `grouped_mm_fallback` and ATen's
     `_grouped_mm` with offsets are decomposed into it, and the compiler gives it to the RAL
-    (torch_ops.py). Declared with no kernel (nothing runs it in PyTorch), in the caller by the first
-    decomposition into it and in the compiler worker before it loads the program."""
+    (torch_ops.py). Declared in the caller by the first decomposition into it and in the compiler
+    worker before it loads the program; its PyTorch kernel runs only where a graph dynamo captured
+    runs in PyTorch (one the compiler could not take, `dynamo_backend`)."""
     import torch
 
     torch.library.define("disc::grouped_mm", "(Tensor input, Tensor weight, Tensor offs) -> Tensor")
@@ -529,6 +539,14 @@ def grouped_mm_op() -> Any:
     @torch.library.register_fake("disc::grouped_mm")
     def _(x: Any, weight: Any, offs: Any) -> Any:
         return x.new_empty(x.shape[0], weight.shape[2])
+
+    @torch.library.impl("disc::grouped_mm", "CompositeExplicitAutograd")
+    def _(x: Any, weight: Any, offs: Any) -> Any:
+        out, start = x.new_zeros(x.shape[0], weight.shape[2]), 0
+        for g, end in enumerate(offs.tolist()):
+            out[start:end] = x[start:end] @ weight[g]
+            start = end
+        return out
     return torch.ops.disc.grouped_mm.default
 
 
@@ -536,7 +554,8 @@ def grouped_mm_op() -> Any:
 def check_op() -> Any:
     """`disc::check(condition (a bool tensor of one element), message) -> ()`: an assertion over
     sizes the data decides, which the compiler checks where it is computed (torch_ops.py). A side
-    effect for FX (no dead-code elimination takes it out); declared like `grouped_mm_op`."""
+    effect for FX (no dead-code elimination takes it out); declared like `grouped_mm_op`, with a
+    PyTorch kernel for the same use."""
     import torch
 
     torch.library.define("disc::check", "(Tensor condition, str message) -> ()")
@@ -544,6 +563,11 @@ def check_op() -> Any:
     @torch.library.register_fake("disc::check")
     def _(condition: Any, message: str) -> None:
         return None
+
+    @torch.library.impl("disc::check", "CompositeExplicitAutograd")
+    def _(condition: Any, message: str) -> None:
+        if not bool(condition):
+            raise RuntimeError(message)
     torch.fx.node.has_side_effect(torch.ops.disc.check.default)
     return torch.ops.disc.check.default
 
