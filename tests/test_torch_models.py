@@ -482,6 +482,54 @@ class StemAndPools(torch.nn.Module):
         return self.layers(x)
 
 
+class PadToBlocks(torch.nn.Module):
+    def forward(self, x):
+        pad = (-x.shape[1]) % 4  # LongT5's padding to whole blocks
+        return torch.nn.functional.pad(x, (0, pad)).reshape(x.shape[0], -1, 4).sum(-1)
+
+
+def test_guards_divide_and_take_remainders_as_python_does():
+    """torch's guards over the padding (-s) % 4 are checked with Python's floor division and modulo
+    (truncating ones refused every length but multiples of 4, the example's 7 too)."""
+    compiled = disc.compile(PadToBlocks(), (torch.randn(2, 7),), dynamic_shapes=({1: Dim.DYNAMIC},))
+    for n in (7, 8, 13, 30):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(compiled(x), PadToBlocks()(x))
+
+
+class StreamsAndClassToken(torch.nn.Module):
+    """ProphetNet's streams, a concatenation chunked back (torch's solver cannot express its guard
+    over a named dim: the export is tried again with a hint), and CvT's class token split from the
+    patches (`split` into parts of symbolic sizes)."""
+
+    def forward(self, x):
+        a, b, c = torch.cat([x, 2 * x, 3 * x], 1).chunk(3, dim=1)
+        cls, patches = torch.split(x, [1, x.shape[1] - 1], 1)
+        return a + b * c, patches * 2 + cls
+
+
+class RelativeWindow(torch.nn.Module):
+    """DeBERTa's relative embeddings cut to a span computed as a tensor (a slice at bounds read
+    from the data, whose storage offset torch.export asserts is not negative)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Parameter(torch.randn(20, 8))
+
+    def forward(self, x):
+        span = torch.clamp(torch.tensor(x.shape[1]), max=10)
+        return x + self.emb[10 - span: 10 + span].sum(0)
+
+
+@pytest.mark.parametrize("model", [StreamsAndClassToken, RelativeWindow])
+def test_sizes_split_and_sliced_at_run_time(model):
+    m = model().eval()
+    compiled = disc.compile(m, (torch.randn(2, 9, 8),), dynamic_shapes=({1: Dim("n", min=2, max=60)},))
+    for n in (3, 9, 20):
+        x = torch.randn(2, n, 8)
+        torch.testing.assert_close(compiled(x), m(x))
+
+
 def test_an_export_torch_cannot_solve_for_named_dims_keeps_their_names_and_ranges():
     model = StemAndPools().eval()
     compiled = disc.compile(model, (torch.randn(2, 3, 96, 80),),

@@ -68,7 +68,8 @@ def bounds_constraints(signature: Signature, arg_types: list[ir.Type]) -> list[C
 @dataclasses.dataclass(frozen=True)
 class _Form:
     """How dim values are spelled: i64 StableHLO scalars (the guard) or shape-dialect extents
-    (the constraint function)."""
+    (the constraint function). `rem` truncates (the remainder has the dividend's sign); `div` is
+    used only where it divides exactly."""
     scalar: str
     ops: dict[str, str]
     const: str
@@ -76,13 +77,13 @@ class _Form:
 
 
 _HLO = _Form("tensor<i64>", {"add": "stablehlo.add", "sub": "stablehlo.subtract", "mul": "stablehlo.multiply",
-                             "floordiv": "stablehlo.divide", "mod": "stablehlo.remainder", "max": "stablehlo.maximum",
+                             "div": "stablehlo.divide", "rem": "stablehlo.remainder", "max": "stablehlo.maximum",
                              "min": "stablehlo.minimum"},
              "stablehlo.constant dense<{k}> : tensor<i64>",
              ("stablehlo.get_dimension_size %a{k}, dim = {j} : ({t}) -> tensor<i32>",
               "stablehlo.convert {0} : (tensor<i32>) -> tensor<i64>"))
-_SHAPE = _Form("index", {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "floordiv": "arith.floordivsi",
-                         "mod": "arith.remsi", "max": "arith.maxsi", "min": "arith.minsi"},
+_SHAPE = _Form("index", {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div": "arith.floordivsi",
+                         "rem": "arith.remsi", "max": "arith.maxsi", "min": "arith.minsi"},
                "arith.constant {k} : index",
                ("shape.shape_of %a{k} : {t} -> tensor<{r}xindex>", "arith.constant {j} : index",
                 "shape.get_extent {0}, {1} : tensor<{r}xindex>, index -> index"))
@@ -133,14 +134,19 @@ class _Emitter:
         if atom is not None:
             fn, arg, other = atom
             by_dims = fn in ("mod", "floordiv") and other.constant is None  # a divisor below 1 counts as 1: no trap
-            v = self.binary(fn, self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if by_dims else self.dim(other))
+            a, b = self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if by_dims else self.dim(other)
+            if fn in ("mod", "floordiv"):  # Python's (torch's guards: mod(-s, 4) pads s to a multiple of 4): floor, not truncation
+                m = self.binary("rem", self.binary("add", self.binary("rem", a, b), b), b)  # the sign of b
+                v = m if fn == "mod" else self.binary("div", self.binary("sub", a, m), b)  # an exact division
+            else:
+                v = self.binary(fn, a, b)
         elif name in self.sources:
             k, j, coeff, const = self.sources[name]
             v = self.extent(k, j)
             if const:
                 v = self.binary("sub", v, self.const(const))
             if coeff != 1:
-                v = self.binary("floordiv", v, self.const(coeff))
+                v = self.binary("div", v, self.const(coeff))  # (a size of another form fails the check of the derived dim)
         else:
             raise CompileError(f"constraint uses '{name}', which is not a dimension variable of the arguments "
                                f"(known: {', '.join(sorted(self.sources)) or 'none'})")

@@ -678,6 +678,21 @@ def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
     return torch.zeros(bins, dtype=ones.dtype).index_add(0, x, ones)
 
 
+def _split_with_sizes(x: Any, split_sizes: Any, dim: int = 0) -> Any:
+    """A split into parts of symbolic sizes (a class token split from the patches, `[1, h * w]`;
+    `chunk` of a concatenation), which torch-mlir does not convert: slices at the running sums.
+    Parts of constant sizes keep torch's form (NotImplemented)."""
+    import torch
+
+    if all(isinstance(size, int) for size in split_sizes):
+        return NotImplemented
+    parts, start = [], 0
+    for size in split_sizes:
+        parts.append(torch.ops.aten.slice.Tensor(x, dim, start, start + size))
+        start = start + size
+    return parts
+
+
 def _upsample_bilinear(original: Callable | None) -> Callable:
     """upsample_bilinear2d with `align_corners=True` (sizes that may be symbolic): torch's
     decomposition computes the scale (in - 1) / (out - 1) as a float of sizes, a `sym_float` the
@@ -892,6 +907,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
     table[torch.ops.aten.masked_select.default] = _masked_select
+    table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique
     table[torch.ops.aten.unique_consecutive.default] = _unique_consecutive
     table[torch.ops.aten.bincount.default] = _bincount
@@ -1144,7 +1160,11 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
     except Exception as e:
         error = e
     hinted = _as_hints(dynamic_shapes)
-    solving = any(f.name == "produce_guards_and_solve_constraints" for f in traceback.extract_tb(error.__traceback__))
+    chain, cause = [], error
+    while cause is not None and len(chain) < 8:  # torch re-raises the solver's error as another (a UserError)
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    solving = any(f.name == "produce_guards_and_solve_constraints" for c in chain for f in traceback.extract_tb(c.__traceback__))
     if hinted is not None and solving:
         try:
             return export(hinted)
@@ -1176,8 +1196,8 @@ def _register_transformers_caches() -> None:
 
 
 def _as_hints(spec: Any) -> Any:
-    """The dynamic_shapes with each plain `Dim` of at least 2 replaced by `Dim.DYNAMIC` (a hint's
-    range starts at 2: the others stay named; the ranges are checked from the user's Dims,
+    """The dynamic_shapes with each plain `Dim` replaced by `Dim.DYNAMIC` (with its minimum where
+    that is at least 2, a hint's own start; the ranges are checked from the user's Dims,
     `_declared_ranges`); None when there is no such Dim, or a derived one (`2 * h`), whose
     relation a hint cannot say."""
     import torch
@@ -1187,9 +1207,9 @@ def _as_hints(spec: Any) -> Any:
     def hint(d: Any) -> Any:
         if hasattr(d, "root"):
             derived.append(d)
-        elif d.min >= 2:
+        else:
             replaced.append(d)
-            return torch.export.Dim.DYNAMIC(min=d.min)
+            return torch.export.Dim.DYNAMIC(min=d.min) if d.min >= 2 else torch.export.Dim.DYNAMIC
         return d
 
     hinted = _map_dims(spec, hint)
@@ -1319,8 +1339,8 @@ def _traced_call(graph: Any, op: Any, args: tuple, kwargs: dict) -> Any:
 
 def _read_from_data(ep: Any) -> tuple[dict[str, str], set[str]]:
     """torch.export's symbols for what the data decides -> the op that computed each first and
-    the user's line, and those of them that are sizes (u0: the rows of a `nonzero`, the elements
-    a boolean mask selects; the others are values `.item()` read)."""
+    the user's line, and those of them that are sizes, at least 0 (u0: the rows of a `nonzero`, the
+    elements a boolean mask selects, a storage offset; the others are values `.item()` read)."""
     import torch
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -1332,7 +1352,10 @@ def _read_from_data(ep: Any) -> tuple[dict[str, str], set[str]]:
         symbols = {str(u) for d in dims if isinstance(d, torch.SymInt) for u in free_unbacked_symbols(d.node._expr)}
         sizes |= symbols
         if isinstance(value, torch.SymInt):
-            symbols |= {str(u) for u in free_unbacked_symbols(value.node._expr)}
+            read = {str(u) for u in free_unbacked_symbols(value.node._expr)}
+            symbols |= read
+            if node.target is torch.ops.aten.sym_storage_offset.default:  # (of a slice at bounds read from the data)
+                sizes |= read
         for symbol in sorted(symbols - set(found)):
             lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
             at = f" ({lines[-2]}: {lines[-1]})" if len(lines) >= 2 else ""
