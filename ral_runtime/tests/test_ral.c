@@ -732,6 +732,21 @@ static int sgemm_without_blas(void) {
   return ral_packed_sgemm_kernel() && !(gemm && gemm[0]);
 }
 
+/* Whether c (2 x [3 x 5], contiguous) holds the two products of [3 x 4] entries of a and [4 x 5]
+ * entries of b at these element strides (entry, row, column). Small integers: exact sums. */
+static int two_products_match(const float *a, int sa_e, int sa_m, int sa_k, const float *b, int sb_e, int sb_k, int sb_n,
+                              const float *c) {
+  int ok = 1;
+  for (int e = 0; e < 2; e++)
+    for (int i = 0; i < 3; i++)
+      for (int j = 0; j < 5; j++) {
+        float ref = 0;
+        for (int k = 0; k < 4; k++) ref += a[e * sa_e + i * sa_m + k * sa_k] * b[e * sb_e + k * sb_k + j * sb_n];
+        ok &= c[e * 15 + i * 5 + j] == ref;
+      }
+  return ok;
+}
+
 static void test_gemm(ral_runtime *rt, int have_blas) {
   int have_sgemm = have_blas || sgemm_without_blas();
   ral_context *ctx;
@@ -744,15 +759,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
   disc_ral_gemm_f32(1, 2, 3, 5, 4, a, 0, 12, 1, 4, 1, bt, 0, 20, 1, 1, 4, c, 0, 15, 5);
   if (have_sgemm) {
     CHECK(ral_context_status(ctx) == RAL_OK);
-    int ok = 1;
-    for (int bi = 0; bi < 2; bi++)
-      for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 5; j++) {
-          float ref = 0;
-          for (int k = 0; k < 4; k++) ref += a[bi * 12 + i * 4 + k] * bt[bi * 20 + j * 4 + k];
-          ok &= c[bi * 15 + i * 5 + j] == ref;
-        }
-    CHECK(ok);
+    CHECK(two_products_match(a, 12, 4, 1, bt, 20, 1, 4, c));
   } else {
     CHECK(ral_context_status(ctx) == RAL_ERR_UNAVAILABLE);
   }
@@ -788,15 +795,7 @@ static void test_gemm(ral_runtime *rt, int have_blas) {
       for (int i = 0; i < 80; i++) bp[i] = (float)(i % 7) - 3;
       disc_ral_gemm_f32(1, 2, 3, 5, 4, ap, 0, 24, 1, 8, 2, bp, 0, 40, 1, 10, 2, cp, 0, 15, 5);
       CHECK(ral_context_status(ctx) == RAL_OK);
-      int ok = 1;
-      for (int e = 0; e < 2; e++)
-        for (int i = 0; i < 3; i++)
-          for (int j = 0; j < 5; j++) {
-            float ref = 0;
-            for (int x = 0; x < 4; x++) ref += ap[e * 24 + i * 8 + x * 2] * bp[e * 40 + x * 10 + j * 2];
-            ok &= cp[e * 15 + i * 5 + j] == ref;
-          }
-      CHECK(ok);
+      CHECK(two_products_match(ap, 24, 8, 2, bp, 40, 10, 2, cp));
     }
     CHECK(gemm_epilogue_matches(ctx, 1, 300, 70, 40, 0));  /* row blocks, one per thread: after the product */
     CHECK(gemm_epilogue_matches(ctx, 16, 50, 64, 32, 0));  /* behind each of 16 batch entries */
