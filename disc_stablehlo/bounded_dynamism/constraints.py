@@ -67,9 +67,10 @@ def bounds_constraints(signature: Signature, arg_types: list[ir.Type]) -> list[C
 
 @dataclasses.dataclass(frozen=True)
 class _Form:
-    """How dim values are spelled: i64 StableHLO scalars (the guard) or shape-dialect extents
-    (the constraint function). `rem` truncates (the remainder has the dividend's sign); `div` is
-    used only where it divides exactly."""
+    """How dim values are spelled: i64 StableHLO scalars (the guard, which computes them) or
+    shape-dialect extents (the constraint function: facts written for the compiler, read back by
+    their ops' names). `div` is used only where it divides exactly; a form without `mod` and
+    `floordiv` computes them as Python does from `rem`, which truncates."""
     scalar: str
     ops: dict[str, str]
     const: str
@@ -83,7 +84,7 @@ _HLO = _Form("tensor<i64>", {"add": "stablehlo.add", "sub": "stablehlo.subtract"
              ("stablehlo.get_dimension_size %a{k}, dim = {j} : ({t}) -> tensor<i32>",
               "stablehlo.convert {0} : (tensor<i32>) -> tensor<i64>"))
 _SHAPE = _Form("index", {"add": "arith.addi", "sub": "arith.subi", "mul": "arith.muli", "div": "arith.floordivsi",
-                         "rem": "arith.remsi", "max": "arith.maxsi", "min": "arith.minsi"},
+                         "floordiv": "arith.floordivsi", "mod": "arith.remsi", "max": "arith.maxsi", "min": "arith.minsi"},
                "arith.constant {k} : index",
                ("shape.shape_of %a{k} : {t} -> tensor<{r}xindex>", "arith.constant {j} : index",
                 "shape.get_extent {0}, {1} : tensor<{r}xindex>, index -> index"))
@@ -135,7 +136,7 @@ class _Emitter:
             fn, arg, other = atom
             by_dims = fn in ("mod", "floordiv") and other.constant is None  # a divisor below 1 counts as 1: no trap
             a, b = self.dim(arg), self.binary("max", self.dim(other), self.const(1)) if by_dims else self.dim(other)
-            if fn in ("mod", "floordiv"):  # Python's (torch's guards: mod(-s, 4) pads s to a multiple of 4): floor, not truncation
+            if fn in ("mod", "floordiv") and fn not in self.form.ops:  # Python's (torch's guards: mod(-s, 4) pads s to a multiple of 4)
                 m = self.binary("rem", self.binary("add", self.binary("rem", a, b), b), b)  # the sign of b
                 v = m if fn == "mod" else self.binary("div", self.binary("sub", a, m), b)  # an exact division
             else:

@@ -1159,13 +1159,17 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
         return export(dynamic_shapes)
     except Exception as e:
         error = e
-    hinted = _as_hints(dynamic_shapes)
     chain, cause = [], error
     while cause is not None and len(chain) < 8:  # torch re-raises the solver's error as another (a UserError)
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__
     solving = any(f.name == "produce_guards_and_solve_constraints" for c in chain for f in traceback.extract_tb(c.__traceback__))
-    if hinted is not None and solving:
+    tried: list[str] = []
+    for everything in (False, True):  # the dims of at least 2 first (the others keep sizes 0 and 1), then all
+        hinted = _as_hints(dynamic_shapes, everything)
+        if hinted is None or not solving or str(hinted) in tried:
+            continue
+        tried.append(str(hinted))
         try:
             return export(hinted)
         except Exception:
@@ -1195,11 +1199,11 @@ def _register_transformers_caches() -> None:
             raise
 
 
-def _as_hints(spec: Any) -> Any:
-    """The dynamic_shapes with each plain `Dim` replaced by `Dim.DYNAMIC` (with its minimum where
-    that is at least 2, a hint's own start; the ranges are checked from the user's Dims,
-    `_declared_ranges`); None when there is no such Dim, or a derived one (`2 * h`), whose
-    relation a hint cannot say."""
+def _as_hints(spec: Any, everything: bool) -> Any:
+    """The dynamic_shapes with each plain `Dim` of at least 2 (with `everything`, each plain `Dim`:
+    a hint's range starts at 2, so torch's trace then assumes sizes of at least 2) replaced by
+    `Dim.DYNAMIC` (the ranges are checked from the user's Dims, `_declared_ranges`); None when
+    there is no such Dim, or a derived one (`2 * h`), whose relation a hint cannot say."""
     import torch
 
     derived, replaced = [], []
@@ -1207,7 +1211,7 @@ def _as_hints(spec: Any) -> Any:
     def hint(d: Any) -> Any:
         if hasattr(d, "root"):
             derived.append(d)
-        else:
+        elif d.min >= 2 or everything:
             replaced.append(d)
             return torch.export.Dim.DYNAMIC(min=d.min) if d.min >= 2 else torch.export.Dim.DYNAMIC
         return d
