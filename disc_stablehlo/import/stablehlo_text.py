@@ -43,3 +43,15 @@ class Body:
 
     def shape(self, x: str, shape: list[int | None], elem: str) -> str:
         return self.vector([self.size(x, shape, elem, d) for d in range(len(shape))])
+
+    def filled(self, value: str, elem: str, extent: str, shape: list[int | None]) -> str:
+        """A tensor of `shape` (its sizes: the tensor<Nxi32> `extent`) of `value`."""
+        c = self(f"stablehlo.constant dense<{value}> : tensor<{elem}>")
+        return self(f"stablehlo.dynamic_broadcast_in_dim {c}, {extent}, dims = [] : (tensor<{elem}>, tensor<{len(shape)}xi32>) -> "
+                    f"{tensor_type(shape, elem)}")
+
+    def total(self, v: str) -> str:
+        """The sum of a tensor<?xi64> as a tensor<1xi32> (a size)."""
+        s = self(f"stablehlo.reduce({v} init: {self('stablehlo.constant dense<0> : tensor<i64>')}) applies stablehlo.add across "
+                 "dimensions = [0] : (tensor<?xi64>, tensor<i64>) -> tensor<i64>")
+        return self(f"stablehlo.convert {self(f'stablehlo.reshape {s} : (tensor<i64>) -> tensor<1xi64>')} : (tensor<1xi64>) -> tensor<1xi32>")

@@ -513,14 +513,13 @@ def _complex_mul(x: Any, other: Any) -> Any:
 
     def parts(v: Any) -> tuple[Any, Any]:
         if isinstance(v, torch.Tensor) and v.is_complex():
-            pair = torch.view_as_real(v)
-            return pair[..., 0], pair[..., 1]
+            return _parts(v)
         return (v.real, v.imag) if isinstance(v, complex) else (v, 0.0)  # (a size's float stays symbolic)
 
     if not any(isinstance(v, torch.Tensor) and v.is_complex() for v in (x, other)):
         return NotImplemented
     (a, b), (c, d) = parts(x), parts(other)
-    return torch.view_as_complex(torch.stack([a * c - b * d, a * d + b * c], -1))
+    return _complex(a * c - b * d, a * d + b * c)
 
 
 @functools.cache
@@ -887,6 +886,7 @@ def _decompositions() -> dict:
     (real to complex, complex, complex to real), histograms, clamps by tensors, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
+    import torch._refs.fft
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded
 
     kept = {getattr(torch.ops.aten, name).default for name in _KEPT_WHOLE}
@@ -911,8 +911,6 @@ def _decompositions() -> dict:
     table[torch.ops.aten._unique2.default] = _unique
     table[torch.ops.aten.unique_consecutive.default] = _unique_consecutive
     table[torch.ops.aten.bincount.default] = _bincount
-    import torch._refs.fft
-
     for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft"):  # torch's references write them with the three below
         for form in ("", "2", "n"):
             table[getattr(torch.ops.aten, f"fft_{name}{form}").default] = getattr(torch._refs.fft, f"{name}{form}")
@@ -1284,6 +1282,7 @@ def _runtime_assertions(ep: Any, names: dict[str, str]) -> tuple[str, ...]:
     return tuple(texts)
 
 
+@functools.cache
 def _size_ops() -> dict:
     """The operators of size arithmetic in a graph -> (the ATen op computing it on tensors, sympy's)."""
     import operator
@@ -1361,9 +1360,9 @@ def _read_from_data(ep: Any) -> tuple[dict[str, str], set[str]]:
             if node.target is torch.ops.aten.sym_storage_offset.default:  # (of a slice at bounds read from the data)
                 sizes |= read
         for symbol in sorted(symbols - set(found)):
-            lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
-            at = f" ({lines[-2]}: {lines[-1]})" if len(lines) >= 2 else ""
-            found[symbol] = f"{symbol} is a {'size' if symbol in sizes else 'value'} that {node.target} computed from the data{at}"
+            at = _user_line(node)
+            found[symbol] = f"{symbol} is a {'size' if symbol in sizes else 'value'} that {node.target} computed from the data" + (
+                f" ({at})" if at else "")
     return found, sizes
 
 
@@ -1551,8 +1550,7 @@ def _refuse_ops_not_compiled(ep: Any) -> None:
     for node in ep.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        frames = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
-        at = f"{frames[-2]}: {frames[-1]}" if len(frames) >= 2 else ""
+        at = _user_line(node)
         if node.target.namespace not in ("aten", "prims", "disc"):
             foreign.setdefault(node.target._schema.name, at)
         elif torch.Tag.nondeterministic_seeded in node.target.tags:
@@ -1566,6 +1564,12 @@ def _refuse_ops_not_compiled(ep: Any) -> None:
     if random:
         raise UnsupportedOpError(f"the exported program samples random numbers, which disc_stablehlo does not compile (pass the "
                                  f"noise in as an argument instead): {named(random)}")
+
+
+def _user_line(node: Any) -> str:
+    """Where the user's code made a graph node: 'File "...", line N, in f: code' ('' if unknown)."""
+    lines = [line.strip() for line in (node.meta.get("stack_trace") or "").splitlines() if line.strip()]
+    return f"{lines[-2]}: {lines[-1]}" if len(lines) >= 2 else ""
 
 
 def _traced(v: Any) -> Any:

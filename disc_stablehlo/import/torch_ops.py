@@ -209,19 +209,14 @@ class _Rewriter:
             for d in dims[1:]:
                 n = b(f"stablehlo.multiply {n}, {d} : tensor<1xi32>")
             flat = b(f"stablehlo.dynamic_reshape {args[0]}, {n} : ({tensor_type(shape, elem)}, tensor<1xi32>) -> {tensor_type([None], elem)}")
-            zero = b(f"stablehlo.constant dense<{'0.0' if is_float(elem) else ('false' if elem == 'i1' else '0')}> : tensor<{elem}>")
-            zeros = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {n}, dims = [] : (tensor<{elem}>, tensor<1xi32>) -> {tensor_type([None], elem)}")
+            zeros = b.filled('0.0' if is_float(elem) else ('false' if elem == 'i1' else '0'), elem, n, [None])
             kind = "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
             flags = b(f"stablehlo.compare NE, {flat}, {zeros}, {kind} : ({tensor_type([None], elem)}, {tensor_type([None], elem)}) -> tensor<?xi1>")
             counts = b(f"stablehlo.convert {flags} : (tensor<?xi1>) -> tensor<?xi64>")
             rows, add = self.prefix_sum(b, counts, [None], "i64", 0)
-            count = b(f"stablehlo.reduce({counts} init: {b('stablehlo.constant dense<0> : tensor<i64>')}) applies stablehlo.add across "
-                      "dimensions = [0] : (tensor<?xi64>, tensor<i64>) -> tensor<i64>")
             past = b(f"stablehlo.convert {n} : (tensor<1xi32>) -> tensor<1xi64>")
             past = b(f"stablehlo.dynamic_broadcast_in_dim {past}, {n}, dims = [0] : (tensor<1xi64>, tensor<1xi32>) -> tensor<?xi64>")
-            ones = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<1> : tensor<i64>')}, {n}, dims = [] : "
-                     "(tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
-            row = b(f"stablehlo.subtract {rows}, {ones} : tensor<?xi64>")
+            row = b(f"stablehlo.subtract {rows}, {b.filled('1', 'i64', n, [None])} : tensor<?xi64>")
             row = b(f"stablehlo.select {flags}, {row}, {past} : tensor<?xi1>, tensor<?xi64>")
             column = b.vector([n, b.i32(1, 1)])
             row = b(f"stablehlo.dynamic_reshape {row}, {column} : (tensor<?xi64>, tensor<2xi32>) -> tensor<?x1xi64>")
@@ -233,18 +228,14 @@ class _Rewriter:
             table = f"tensor<?x{rank}xi64>"
             updates = (positions[0] if rank == 1 else b(
                 f"stablehlo.concatenate {', '.join(positions)}, dim = 1 : ({', '.join(['tensor<?x1xi64>'] * rank)}) -> {table}")
-                if rank else b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<0> : tensor<i64>')}, "
-                               f"{b.vector([n, b.i32(0, 1)])}, dims = [] : (tensor<i64>, tensor<2xi32>) -> {table}"))
-            extent = b.vector([b(f"stablehlo.add {n}, {b.i32(1, 1)} : tensor<1xi32>"), b.i32(rank, 1)])
-            base = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<0> : tensor<i64>')}, {extent}, dims = [] : "
-                     f"(tensor<i64>, tensor<2xi32>) -> {table}")
+                if rank else b.filled("0", "i64", b.vector([n, b.i32(0, 1)]), [None, 0]))
+            base = b.filled("0", "i64", b.vector([b(f"stablehlo.add {n}, {b.i32(1, 1)} : tensor<1xi32>"), b.i32(rank, 1)]), [None, rank])
             t = "tensor<i64>"
             region = f"({{\n  ^bb0(%a: {t}, %b: {t}):\n    stablehlo.return %b : {t}\n  }})"
             written = b(f'"stablehlo.scatter"({base}, {row}, {updates}) {region} {{scatter_dimension_numbers = #stablehlo.scatter<'
                         "update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
                         f"indices_are_sorted = false, unique_indices = false}} : ({table}, tensor<?x1xi64>, {table}) -> {table}")
-            count = b(f"stablehlo.convert {b(f'stablehlo.reshape {count} : (tensor<i64>) -> tensor<1xi64>')} : (tensor<1xi64>) -> tensor<1xi32>")
-            limits = b.vector([count, b.i32(rank, 1)])
+            limits = b.vector([b.total(counts), b.i32(rank, 1)])
             v2 = "tensor<2xi32>"
             y = b(f"stablehlo.real_dynamic_slice {written}, {b.i32(0, 2)}, {limits}, {b.i32(1, 2)} : ({table}, {v2}, {v2}, {v2}) -> {table}")
             return [y], [add]
@@ -263,13 +254,9 @@ class _Rewriter:
             n = b.size(v, [None], "i64", 0)
             ends, add = self.prefix_sum(b, v, [None], "i64", 0)
             starts = b(f"stablehlo.subtract {ends}, {v} : tensor<?xi64>")
-            total = b(f"stablehlo.reduce({v} init: {b('stablehlo.constant dense<0> : tensor<i64>')}) applies stablehlo.add across "
-                      "dimensions = [0] : (tensor<?xi64>, tensor<i64>) -> tensor<i64>")
-            total = b(f"stablehlo.convert {b(f'stablehlo.reshape {total} : (tensor<i64>) -> tensor<1xi64>')} : (tensor<1xi64>) -> tensor<1xi32>")
-            zero, one = (b(f"stablehlo.constant dense<{k}> : tensor<i64>") for k in (0, 1))
+            total = b.total(v)
             extent = b(f"stablehlo.add {total}, {b.i32(1, 1)} : tensor<1xi32>")
-            base = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {extent}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
-            ones = b(f"stablehlo.dynamic_broadcast_in_dim {one}, {n}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
+            base, ones = b.filled("0", "i64", extent, [None]), b.filled("1", "i64", n, [None])
             at = b(f"stablehlo.dynamic_reshape {starts}, {b.vector([n, b.i32(1, 1)])} : (tensor<?xi64>, tensor<2xi32>) -> tensor<?x1xi64>")
             t = "tensor<i64>"
             region = f"({{\n  ^bb0(%a: {t}, %b: {t}):\n    %r = stablehlo.add %a, %b : {t}\n    stablehlo.return %r : {t}\n  }})"
@@ -277,8 +264,7 @@ class _Rewriter:
                       "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
                       "indices_are_sorted = true, unique_indices = false} : (tensor<?xi64>, tensor<?x1xi64>, tensor<?xi64>) -> tensor<?xi64>")
             counts, add2 = self.prefix_sum(b, marks, [None], "i64", 0)
-            ones = b(f"stablehlo.dynamic_broadcast_in_dim {one}, {extent}, dims = [] : (tensor<i64>, tensor<1xi32>) -> tensor<?xi64>")
-            segments = b(f"stablehlo.subtract {counts}, {ones} : tensor<?xi64>")
+            segments = b(f"stablehlo.subtract {counts}, {b.filled('1', 'i64', extent, [None])} : tensor<?xi64>")
             y = b(f"stablehlo.real_dynamic_slice {segments}, {b.i32(0, 1)}, {total}, {b.i32(1, 1)} : "
                   "(tensor<?xi64>, tensor<1xi32>, tensor<1xi32>, tensor<1xi32>) -> tensor<?xi64>")
             if out_elem != "i64":
@@ -387,15 +373,9 @@ class _Rewriter:
             if include_self:
                 return [scatter(b, xv, indices, updates, elem, combine)], []
             full = b.shape(xv, shape, elem)
-
-            def filled(value: str, e: str) -> str:
-                c = b(f"stablehlo.constant dense<{value}> : tensor<{e}>")
-                return b(f"stablehlo.dynamic_broadcast_in_dim {c}, {full}, dims = [] : (tensor<{e}>, {vec}) -> {tensor_type(shape, e)}")
-            reduced = scatter(b, filled(str(identity), elem), indices, updates, elem, combine)
-            ones = b(f"stablehlo.dynamic_broadcast_in_dim {b('stablehlo.constant dense<1> : tensor<i32>')}, {at}, dims = [] : "
-                     f"(tensor<i32>, {vec}) -> {tensor_type(ishape, 'i32')}")
-            counts = scatter(b, filled("0", "i32"), indices, ones, "i32", "add")
-            zero = filled("0", "i32")
+            reduced = scatter(b, b.filled(str(identity), elem, full, shape), indices, updates, elem, combine)
+            counts = scatter(b, b.filled("0", "i32", full, shape), indices, b.filled("1", "i32", at, ishape), "i32", "add")
+            zero = b.filled("0", "i32", full, shape)
             reached = b(f"stablehlo.compare GT, {counts}, {zero}, SIGNED : ({tensor_type(shape, 'i32')}, {tensor_type(shape, 'i32')}) -> "
                         f"{tensor_type(shape, 'i1')}")
             ty = tensor_type(shape, elem)
