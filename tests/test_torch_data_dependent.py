@@ -173,6 +173,8 @@ def test_lists_whose_lengths_do_not_add_up_are_refused():
     f = _compile(RaggedSum().eval(), _ragged(8, np.random.default_rng(2)), ({0: "total"}, {0: "n"}))
     with pytest.raises(disc.ShapeError):
         f(np.ones((5, 3), np.float32), np.array([1, 2, 1]))
+    with pytest.raises(disc.ShapeError, match="a count of repeats is negative"):  # (their sum matches: torch refuses it too)
+        f(np.ones((2, 3), np.float32), np.array([2, -1, 1]))
 
 
 def test_through_torch_compile_when_dynamo_captures_them(monkeypatch):

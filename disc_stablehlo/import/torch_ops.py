@@ -243,15 +243,25 @@ class _Rewriter:
 
     def repeat_interleave(self, op: Any) -> None:
         """`torch.repeat_interleave(repeats)`: i repeated repeats[i] times, as many as the repeats
-        sum to (read from the data). Each segment adds 1 at its start (a scatter into sum + 1
-        zeros); the prefix sum of those marks, less 1, is each position's segment."""
+        sum to (read from the data; a negative count is a ShapeError, as torch refuses it). Each
+        segment adds 1 at its start (a scatter into sum + 1 zeros); the prefix sum of those marks,
+        less 1, is each position's segment."""
         r = op.operands[0]
         shape, elem = _builtin(r.type)
         out_elem = _builtin(op.results[0].type)[1]
 
         def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            from ..ops import ASSERT_TARGET
+
             v = args[0] if elem == "i64" else b(f"stablehlo.convert {args[0]} : ({tensor_type(shape, elem)}) -> tensor<?xi64>")
             n = b.size(v, [None], "i64", 0)
+            highest = b(f"stablehlo.constant dense<{_extreme('i64', low=False)}> : tensor<i64>")
+            least = b(f"stablehlo.reduce({v} init: {highest}) applies stablehlo.minimum across dimensions = [0] : "
+                      "(tensor<?xi64>, tensor<i64>) -> tensor<i64>")
+            counted = b(f"stablehlo.compare GE, {least}, {b('stablehlo.constant dense<0> : tensor<i64>')}, SIGNED : "
+                        "(tensor<i64>, tensor<i64>) -> tensor<i1>")
+            b.lines.append(f'stablehlo.custom_call @{ASSERT_TARGET}({counted}) {{error_message = "repeat_interleave: a count of '
+                           'repeats is negative", has_side_effect = true} : (tensor<i1>) -> ()')
             ends, add = self.prefix_sum(b, v, [None], "i64", 0)
             starts = b(f"stablehlo.subtract {ends}, {v} : tensor<?xi64>")
             total = b.total(v)
