@@ -452,6 +452,49 @@ def test_a_rows_elements_read_back_are_computed_again(case):
             assert text.count("scf.parallel") == 2 and text.count("arith.subf") == 1, text
 
 
+@pytest.mark.parametrize("reads", ["own", "previous"])
+def test_a_row_loop_whose_iterations_read_each_others_elements_stays_in_one_thread(reads):
+    """A serial loop over a row that reads what its previous iteration wrote (a scan: PyTorch's
+    cumsum of a histogram, a mixture-of-experts layer's offsets) is no row for a block or a warp
+    to share: its threads would read elements before they are written (on an H200: offsets of
+    stale memory). The same loop reading only its own elements is one."""
+    from torch_mlir import ir
+
+    from disc_stablehlo.mlir_support import new_context
+    from disc_stablehlo.passes import gpu
+
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(f"""
+        func.func private @body(%r: index, %n: index, %x: memref<?x?xi32>, %y: memref<?x?xi32>) {{
+          %c0 = arith.constant 0 : index
+          %c1 = arith.constant 1 : index
+          scf.for %i = %c0 to %n step %c1 {{
+            %j = arith.subi %i, %c1 : index
+            %k = arith.maxsi %j, %c0 : index
+            %p = memref.load %y[%r, {"%i" if reads == "own" else "%k"}] : memref<?x?xi32>
+            %v = memref.load %x[%r, %i] : memref<?x?xi32>
+            %s = arith.addi %p, %v : i32
+            memref.store %s, %y[%r, %i] : memref<?x?xi32>
+          }}
+          return
+        }}""")
+        assert (gpu._row_phases(module.body.operations[0]) is not None) == (reads == "own")
+
+
+def test_an_empty_innermost_dim_launches_nothing(fake_cuda, monkeypatch, tmp_path):
+    """Elementwise kernels over a dim that is 0 at run time (a mask that selected nothing):
+    nothing is launched, and the host's launch arithmetic divides by no zero (it ended the
+    process with SIGFPE on an H200)."""
+    b, n = jax.export.symbolic_shape("b, n")  # JAX's dims are at least 1: the slice's is 0 at n = 1
+    f = _on_fake_gpu(disc.compile(lambda x: jnp.exp(x[:, 1:]) * 2, jax.ShapeDtypeStruct((b, n), jnp.float32), target="cuda"),
+                     fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    for b in (3, 1):
+        launches.reset()
+        assert np.asarray(f(np.ones((b, 1), np.float32))).shape == (b, 0)
+        assert not list(launches)
+
+
 def test_a_reduction_to_a_scalar_is_a_kernel_not_host_reads(fake_cuda, monkeypatch, tmp_path):
     """A loop nest the host code would otherwise run over device memory (a sum of everything)
     is a kernel of one thread: one launch, and the only device-to-host copy is the result's."""

@@ -64,7 +64,18 @@ def main() -> int:
                         np.testing.assert_allclose(g.astype(w.dtype), w, rtol=tol, atol=tol, err_msg=f"{mode} at {case['envs'][k]}")
                         if w.size and np.issubdtype(w.dtype, np.number):
                             worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-            print(f"PASS {name}: {case['shapes']} shapes x (numpy, cuda tensors, jax arrays), max abs error {worst:.2e}, "
+            for k in range(case.get("refused", 0)):  # inputs an assumption about a size from the data fails for
+                with np.load(folder / f"{name}.refused{k}.npz") as data:
+                    inputs = [data[f"in{i}"] for i in range(len(data.files))]
+                for mode, args in (("numpy", inputs), ("cuda", [torch.from_numpy(np.array(x)).cuda() for x in inputs])):
+                    try:
+                        f(*args)
+                    except disc.ShapeError as e:
+                        refusal = str(e).splitlines()[0][:160]
+                    else:
+                        raise AssertionError(f"{mode}: refused input {k} was not refused")
+            refused = f", {case.get('refused', 0)} inputs refused ({refusal})" if case.get("refused") else ""
+            print(f"PASS {name}: {case['shapes']} shapes x (numpy, cuda tensors, jax arrays), max abs error {worst:.2e}{refused}, "
                   f"{time.perf_counter() - start:.2f} s", flush=True)
         except Exception as e:  # noqa: BLE001  (every program is tried and reported)
             failed.append(name)

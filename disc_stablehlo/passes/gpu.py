@@ -265,7 +265,9 @@ def _work_items(lines: list[str], bounds: Bounds, schedule: str, value=lambda i:
         return "%tiles"
     last = len(bounds) - 1
     lines += [f"%c_chunk = arith.constant {CHUNK} : index",
-              f"%per_lane = arith.ceildivui %all_pos{last}, %c_chunk : index", "%lanes = arith.minui %per_lane, %c_lanes : index",
+              f"%per_lane = arith.ceildivui %all_pos{last}, %c_chunk : index", "%fewer = arith.minui %per_lane, %c_lanes : index",
+              # at least one: an empty innermost dim has no tiles (the division by %span would trap on the host)
+              "%lanes = arith.maxui %fewer, %one : index",
               "%span = arith.muli %lanes, %c_chunk : index", f"%tiles = arith.ceildivui %all_pos{last}, %span : index",
               "%chunks = arith.muli %tiles, %lanes : index",
               f"%items = arith.muli {f'%all_trips{last - 1}' if last else '%one'}, %chunks : index"]
@@ -311,10 +313,24 @@ def _reduction(loop: ir.Operation) -> ir.Operation | None:
 
 def _row_loop(loop: ir.Operation) -> bool:
     """A loop over a row's elements without a result (an scf.for, or a one-dim scf.parallel)
-    along contiguous memory, with no loop or call inside."""
+    along contiguous memory, with no loop or call inside, whose iterations the row's threads may
+    take in any order: an scf.for's iterations must not read or write what another iteration
+    writes (a scan, `out[i] = out[i - 1] + x[i]`, runs in one thread)."""
     if loop.name not in ("scf.for", "scf.parallel") or loop.results or len(loop.regions[0].blocks[0].arguments) != 1:
         return False
-    return not _nested(loop, ("scf.for", "scf.parallel", "scf.while", "scf.if", "func.call")) and _contiguous(loop)
+    if _nested(loop, ("scf.for", "scf.parallel", "scf.while", "scf.if", "func.call")) or not _contiguous(loop):
+        return False
+    return loop.name == "scf.parallel" or _own_elements(loop)
+
+
+def _own_elements(loop: ir.Operation) -> bool:
+    """Whether each iteration of `loop` accesses a buffer it writes only at the element it
+    stores to (the same memref and the same index values: its own), so no iteration touches
+    another's (buffers of unknown origin may be any)."""
+    accesses = _accesses(loop)
+    stores = [a for a in accesses if a[3]]
+    return all(m == sm and len(ix) == len(six) and all(x == y for x, y in zip(ix, six))
+               for b, m, ix, _ in accesses for sb, sm, six, _ in stores if b is None or sb is None or b == sb)
 
 
 Phases = list[tuple[ir.Operation, str, "ir.Operation | None"]]
