@@ -20,7 +20,7 @@ from test_jax_programs import CASES
 
 import disc_stablehlo as disc
 from disc_stablehlo import artifact
-from disc_stablehlo.passes.gpu import BLOCK, CHUNK, COLUMN_GROUPS, LANES, REDUCTION_BLOCK, UNROLL, WARP, WARP_ROWS
+from disc_stablehlo.passes.gpu import BLOCK, CHUNK, COLUMN_GROUPS, LANES, REDUCTION_BLOCK, REGISTER_ITERATIONS, UNROLL, WARP, WARP_ROWS
 from disc_stablehlo.runtime import CompiledFunction, Executable, Runtime
 from disc_stablehlo.targets import cuda
 
@@ -310,7 +310,7 @@ def test_rows_and_columns_share_their_reductions_through_shuffles_and_shared_mem
     thread's loops are unrolled: UNROLL loads between two labels."""
     b = jax.export.symbolic_shape("b")[0]
     f = disc.compile(lambda x: (jax.nn.softmax(x, axis=-1), x.sum(0)), jax.ShapeDtypeStruct((b, 256), jnp.float32), target="cuda")
-    names = {k.version: k.name for k in f.kernels}
+    names = {k.version.split(",")[0]: k.name for k in f.kernels}  # rows of 256: held in registers
     ptx = _ptx_entries(f)
     warp, block, column = ptx[names["warp per row"]], ptx[names["block per row"]], ptx[names["column tiles"]]
     assert "shfl.sync.bfly" in warp and "bar.warp.sync" not in warp and "bar.sync" not in warp
@@ -318,6 +318,35 @@ def test_rows_and_columns_share_their_reductions_through_shuffles_and_shared_mem
     assert "st.shared" in column and "ld.shared" in column and column.count("bar.sync") >= 2
     for kernel in (warp, column):
         assert max(part.count("ld.global") for part in re.split(r"\n\$L\w+:", kernel)) >= UNROLL
+
+
+def test_rows_that_fit_are_held_in_registers_in_the_kernel_the_host_code_picks(fake_cuda, monkeypatch, tmp_path):
+    """A softmax over rows of any length: besides the loops' kernels, one per count of elements
+    a thread holds in registers (REGISTER_ITERATIONS), each reading its row once and writing it
+    once (the loops' kernels read the scores twice and the exponentials back); the host code
+    launches the fewest that hold the row, the loops' kernel for longer rows. A row of a length
+    known at compile time gets the one version it needs."""
+    b, n = jax.export.symbolic_shape("b, n")
+    f = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), jax.ShapeDtypeStruct((b, n), jnp.float32), target="cuda")
+    ptx = _ptx_entries(f)
+    versions = {k.name: k.version for k in f.kernels}
+    for schedule in ("warp", "block"):
+        assert f"{schedule} per row" in versions.values()
+        for count in REGISTER_ITERATIONS[schedule]:
+            (name,) = [k for k, v in versions.items() if v == f"{schedule} per row, {count} a thread in registers"]
+            # twice each: the grid-stride loop's 32-bit and 64-bit index versions; besides the row,
+            # one thread stores its max and sum (their initial values and their totals: 4 stores)
+            assert ptx[name].count("ld.global") == 2 * count and ptx[name].count("st.global") == 2 * (count + 4), (name, count)
+    f = _on_fake_gpu(f, fake_cuda, monkeypatch, tmp_path)
+    launches = Launches(fake_cuda)
+    for rows, length, want in [(5, 100, "block per row, 2 a thread in registers"), (5, 1000, "block per row, 8 a thread in registers"),
+                               (5, 1025, "block per row"), (WARP_ROWS, 100, "warp per row, 4 a thread in registers"),
+                               (WARP_ROWS, 200, "warp per row, 8 a thread in registers"), (WARP_ROWS, 257, "warp per row")]:
+        launches.reset()
+        f(np.zeros((rows, length), np.float32))
+        assert [versions[name] for name, *_ in launches] == [want], (rows, length)
+    g = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), jax.ShapeDtypeStruct((b, 768), jnp.float32), target="cuda")
+    assert sorted(k.version for k in g.kernels) == ["block per row, 8 a thread in registers", "warp per row"]  # 768: 24 a warp's thread
 
 
 @pytest.mark.parametrize("read", ["own", "reversed", "view"])
@@ -479,6 +508,24 @@ def test_a_row_loop_whose_iterations_read_each_others_elements_stays_in_one_thre
           return
         }}""")
         assert (gpu._row_phases(module.body.operations[0]) is not None) == (reads == "own")
+
+
+def test_checks_of_the_data_stay_out_of_the_guard():
+    """A check of values the data decides (repeat_interleave's counts must not be negative) runs
+    in the entry, where the data is; the guard, which the host runs on host memory, keeps only
+    shape arithmetic (it read the counts from device memory on the host: a segfault on an H200;
+    a guard that would is a CompileError). The refusal still comes from the entry's check."""
+    torch = pytest.importorskip("torch")
+    from test_torch_data_dependent import RaggedSum
+
+    f = disc.compile(RaggedSum().eval(), (torch.randn(6, 3), torch.tensor([1, 2, 3])),
+                     dynamic_shapes=({0: torch.export.Dim("total")}, {0: torch.export.Dim("n")}), target="cuda")
+    guard = f._exe.artifact.llvm_ir.split("@disc_guard(", 1)[1].split("\n}\n", 1)[0]
+    assert "disc_ral_gpu_launch" not in guard and " load " not in guard.replace("load ptr", "")
+    cpu = disc.compile(RaggedSum().eval(), (torch.randn(6, 3), torch.tensor([1, 2, 3])),
+                       dynamic_shapes=({0: torch.export.Dim("total")}, {0: torch.export.Dim("n")}))
+    with pytest.raises(disc.ShapeError, match="a count of repeats is negative"):
+        cpu(np.ones((2, 3), np.float32), np.array([2, -1, 1]))
 
 
 def test_an_empty_innermost_dim_launches_nothing(fake_cuda, monkeypatch, tmp_path):

@@ -2,7 +2,9 @@
 ops (JAX) inside the entry function; they are moved into a separate generated function,
 `disc_guard`, that the host calls before the entry function and that returns, packed into one
 i64 tensor, the index of the first failed assertion (or -1) followed by every assertion's error
-operands. The entry function keeps no assertion, so no kernel ever runs on rejected shapes."""
+operands. The entry function keeps no assertion, so no kernel ever runs on rejected shapes.
+The guard is shape arithmetic on the host: it reads no tensor's data (a check of values the data
+decides, `disc.assert`, stays in the entry, where the data is: on a GPU, in device memory)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ GUARD_FUNCTION = "disc_guard"
 
 def _is_shape_assertion(op: ir.Operation) -> bool:
     return op.name == "stablehlo.custom_call" and call_target(op) == "shape_assertion"
+
+
+def _has_side_effect(op: ir.Operation) -> bool:
+    return "has_side_effect" in op.attributes and ir.BoolAttr(op.attributes["has_side_effect"]).value
 
 
 def _pack_function(asserts: list[ir.Operation], width: int) -> str:
@@ -56,6 +62,9 @@ def extract_guard(module: ir.Module, entry: ir.Operation) -> list[Assertion]:
     with ir.InsertionPoint(module.body):
         guard = entry.clone()
     guard.attributes["sym_name"] = ir.StringAttr.get(GUARD_FUNCTION)
+    for op in walk(guard):  # checks of the data (`disc.assert`: sizes the data decides) are the entry's
+        if op.name == "stablehlo.custom_call" and not _is_shape_assertion(op) and not op.results and _has_side_effect(op):
+            op.erase()
     guard_asserts = [op for op in walk(guard) if _is_shape_assertion(op)]
     width = 1 + sum(a.num_values for a in found)
     parsed = ir.Module.parse(_pack_function(guard_asserts, width))  # must outlive the move

@@ -73,36 +73,39 @@ def outline_gpu_kernels(module: ir.Module, warps: bool) -> tuple[list[Kernel], i
         # (schedule, body function): a row's work shared by a block, and, on CUDA, by a warp
         # (chosen at run time from the rows: WARP_ROWS); columns' reductions shared by a block's
         # row groups; else a thread per CHUNK iterations
-        bodies = [("element", func)]
+        bodies = [("element", 0, func)]  # (schedule, elements a thread holds in registers (0: none), body)
+        extent = None
         if _row_phases(func) is not None:
             _forward_stored_values(func)
             while _recompute_read_back(func):
                 pass
-            bodies = [("block", func)]
-            if warps:
-                warp = func.clone(ip=ir.InsertionPoint(func))
-                warp.attributes["sym_name"] = ir.StringAttr.get(state.fresh_symbol("gpu_body"))
-                bodies.append(("warp", warp))
-            for schedule, f in bodies:
-                _cooperative_rows(f, _row_phases(f), schedule)
+            extent = _host_row_extent(func, len(bounds)) if _fits_in_registers(_row_phases(func)) else None
+            bodies = [(schedule, count, func) for schedule in ("block", "warp")[:1 + warps] for count in _register_counts(schedule, extent)]
+            bodies = [(schedule, count, f if i == 0 else _renamed_clone(f, state)) for i, (schedule, count, f) in enumerate(bodies)]
+            for schedule, count, f in bodies:
+                phases = _row_phases(f)
+                _cooperative_rows(f, phases, schedule)
+                if count:
+                    _rows_in_registers(f, phases, schedule, count)
         elif _column_phases(func) is not None:
             _forward_stored_values(func)
-            bodies = [("column", func)]
+            bodies = [("column", 0, func)]
             _cooperative_columns(func, _column_phases(func))
-        codes = [f.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True) for _, f in bodies]
-        symbols = [ir.StringAttr(f.attributes["sym_name"]).value for _, f in bodies]
+        codes = [f.get_asm(enable_debug_info=False, use_local_scope=True, assume_verified=True) for _, _, f in bodies]
+        symbols = [ir.StringAttr(f.attributes["sym_name"]).value for _, _, f in bodies]
         key = "".join(c.replace(f"@{n}(", "(", 1) for c, n in zip(codes, symbols)) + repr(bounds)
         names = outlined.get(key)
         if names is None:
             names = outlined[key] = [state.fresh_symbol("gpu") for _ in bodies]
-            for name, code, symbol, (schedule, f) in zip(names, codes, symbols, bodies):
+            for name, code, symbol, (schedule, _, f) in zip(names, codes, symbols, bodies):
                 device += [code, _kernel_text(name, symbol, f, captured, bounds, schedule)]
-        for _, f in bodies:
+        for _, _, f in bodies:
             f.erase()
-        for name, (schedule, _) in zip(names, bodies):
-            version = _VERSIONS.get(schedule, "one thread" if one_thread else "")
+        for name, (schedule, count, _) in zip(names, bodies):
+            version = _VERSIONS.get(schedule, "one thread" if one_thread else "") + (f", {count} a thread in registers" if count else "")
             kernels.append(dataclasses.replace(kernel, name=name, version=version))
-        state.add_function(_launch_text(launch, [(name, schedule) for name, (schedule, _) in zip(names, bodies)], captured, bounds))
+        state.add_function(_launch_text(launch, [(name, schedule, count) for name, (schedule, count, _) in zip(names, bodies)],
+                                        captured, bounds, extent))
     text = f"module attributes {{gpu.container_module}} {{\ngpu.module @{DEVICE_MODULE} {{\n" + "\n".join(device) + "\n}\n}"
     return kernels, ir.Module.parse(text)
 
@@ -418,6 +421,161 @@ def _cooperative_rows(func: ir.Operation, phases: Phases, schedule: str) -> None
                     ir.Operation.create("gpu.barrier")
 
 
+# a row of at most this many iterations a thread is held in registers (`_rows_in_registers`):
+# the host code launches the kernel of the fewest that fit the row (each kernel keeps to the
+# registers its own count needs), the loops' kernel for longer rows: a warp's 32 threads up to 256
+# elements, a block's 128 up to 1024. H200 (benchmarks/gpu/fusion_h200_s38_counts.log): a
+# softmax's rows of 128 and 256 8.9 -> 6.8 us and 47.3 -> 44.9 us, a layer norm of 1024 rows of
+# 768 4.9 -> 4.0 us; 16 or 24 a thread were slower but for a layer norm with one result (rows of
+# 512 softmax 321 -> 468 us with 16, 783 us with 24; a layer norm that also stores its residual
+# sum 285 -> 473 us with 24; one with a single result 196 -> 147 us)
+REGISTER_ITERATIONS = {"warp": (4, 8), "block": (2, 4, 8)}
+
+Extent = tuple  # a row loop's (start, end, step) as the host code has them: "%v<captured>" or an int
+
+
+def _renamed_clone(func: ir.Operation, state: LoweringState) -> ir.Operation:
+    clone = func.clone(ip=ir.InsertionPoint(func))
+    clone.attributes["sym_name"] = ir.StringAttr.get(state.fresh_symbol("gpu_body"))
+    return clone
+
+
+def _host_row_extent(func: ir.Operation, iterations: int) -> Extent | None:
+    """The bounds of a row body's loops as the launch code has them (a captured value, after the
+    body's `iterations` loop indices, or a constant), or None where the body computes one."""
+    loop = next(o for o, kind, _ in _row_phases(func) if kind in ("reduce", "loop"))
+    found = []
+    for v in list(loop.operands)[:3]:
+        if isinstance(v, ir.BlockArgument) and v.owner == func.regions[0].blocks[0] and v.arg_number >= iterations:
+            found.append(f"%v{v.arg_number - iterations}")
+        elif int_constant(v) is not None:
+            found.append(int_constant(v))
+        else:
+            return None
+    return tuple(found)
+
+
+def _register_counts(schedule: str, extent: Extent | None) -> list[int]:
+    """The versions of a row kernel (elements a thread holds in registers; 0: the loops'): where
+    the row's length is a constant, the one version it needs; else the loops' and one per count."""
+    if extent is None:
+        return [0]
+    threads = _THREADS[schedule][0]
+    if all(isinstance(x, int) for x in extent):
+        start, end, step = extent
+        return [next((c for c in REGISTER_ITERATIONS[schedule] if max(end - start, 0) <= c * threads * step), 0)]
+    return [0, *REGISTER_ITERATIONS[schedule]]
+
+
+def _fits_in_registers(phases: Phases) -> bool:
+    """Whether a row's body (its phases, before `_cooperative_rows`) may also run from registers:
+    it has several loops (what one loads or stores, a later one uses), they all take the same
+    iterations and load numbers, and no phase needs a barrier (each thread touches only its own
+    elements of what the row writes)."""
+    loops = [o for o, kind, _ in phases if kind in ("reduce", "loop")]
+    loaded = [o.results[0].type for loop in loops for o in walk(loop) if o.name == "memref.load"]
+    return (len(loops) > 1 and all(isinstance(t, (ir.FloatType, ir.IntegerType)) for t in loaded)
+            and all(o.name == "scf.for" or len(o.regions[0].blocks[0].arguments) == 1 for o in loops)
+            and all(_same_iterations(loops[0], o) for o in loops[1:])
+            and not any(_needs_barrier(phases, i) for i in range(len(phases))))
+
+
+def _rows_in_registers(func: ir.Operation, phases: Phases, schedule: str, count: int) -> None:
+    """A cooperative row's body (after `_cooperative_rows`) for rows of at most `count` iterations
+    a thread (the host code launches it only for those): each loop unrolled to `count`
+    iterations (past the row's end: loads give 0 and their results are unused, reductions select
+    their identity, stores are skipped), so the elements a thread loads or stores stay in
+    registers from one phase to the next (a layer norm reads its inputs once, not once a phase;
+    a softmax its scores, and writes its result once)."""
+    block = func.regions[0].blocks[0]
+    first = next(o for o, kind, _ in phases if kind in ("reduce", "loop"))
+    start, end, stride = first.operands[0], first.operands[1], first.operands[2]  # this thread's: offset by its lane
+    index, i1 = ir.IndexType.get(), ir.IntegerType.get_signless(1)
+    slt = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 2)
+    with ir.InsertionPoint(first), ir.Location.unknown():
+        items = []  # this thread's iterations: (whether in the row, the iteration)
+        for j in range(count):
+            iv = start if j == 0 else create_value("arith.addi", [start, create_value("arith.muli", [stride, index_constant(j)], index)], index)
+            items.append((create_value("arith.cmpi", [iv, end], i1, predicate=slt), iv))
+    known: dict = {}  # (memref, *indices) -> this thread's value of that element
+    unread: dict = {}  # (memref, *indices) -> the guarded store of this thread's element no load has read since
+    elements = {element for _, element in items}
+    for o in [o.operation for o in block.operations]:
+        if any(o == p for p, kind, _ in phases if kind in ("reduce", "loop")):
+            _unroll_in_registers(o, items, known, unread)
+            continue
+        for inner in walk(o):  # a row's value stored by one thread, or read
+            if inner.name in ("memref.store", "memref.load"):
+                key = (inner.operands[1], *list(inner.operands)[2:]) if inner.name == "memref.store" else tuple(inner.operands)
+                for table in (known, unread):
+                    for k in [k for k in table if _may_alias(k, key, elements)]:
+                        del table[k]
+
+
+def _may_alias(a: tuple, b: tuple, elements: set) -> bool:
+    """Whether element keys (memref, *indices) may name the same element: through one buffer (or
+    one of unknown origin), unless one memref's indices differ where both are this thread's
+    elements of the row (distinct ones wherever the iterations are in the row, and values past
+    the row's end are never used)."""
+    root_a, root_b = _buffer(a[0]), _buffer(b[0])
+    if root_a is not None and root_b is not None and root_a != root_b:
+        return False
+    return not (a[0] == b[0] and len(a) == len(b) and any(x != y and x in elements and y in elements for x, y in zip(a[1:], b[1:])))
+
+
+def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Value]], known: dict, unread: dict) -> None:
+    """`loop` (a thread's part of a row) as one copy of its body per item of `items` (whether the
+    iteration is in the row, and the element it reads); loads of an element this thread loaded or
+    stored before become that value (`known`); stores are skipped past the row's end, and a store
+    goes where a later one writes the same element before any load reads it (`unread`: a
+    softmax's exponentials, overwritten by the quotients)."""
+    body = loop.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    ops, terminator = ops[:-1], ops[-1]
+    reduce = loop.name == "scf.for" and len(loop.results) == 1
+    acc = loop.operands[3] if reduce else None
+    elements = {element for _, element in items}
+    with ir.InsertionPoint(loop), loop.location:
+        for inside, element in items:
+            mapping = {body.arguments[0]: element}
+            if reduce:
+                mapping[body.arguments[1]] = acc
+            for o in ops:
+                operands = [mapping.get(v, v) for v in o.operands]
+                if o.name == "memref.load":
+                    key = tuple(operands)
+                    if key not in known:  # past the row's end: 0, unused (predicated loads at one base's offsets)
+                        t = o.results[0].type
+                        load = ir.Operation.create("scf.if", results=[t], operands=[inside], regions=2)
+                        with ir.InsertionPoint(load.regions[0].blocks.append()):
+                            ir.Operation.create("scf.yield", operands=[create_value("memref.load", operands, t)])
+                        with ir.InsertionPoint(load.regions[1].blocks.append()):
+                            ir.Operation.create("scf.yield", operands=[_constant(t, 0)])
+                        known[key] = load.results[0]
+                        for k in [k for k in unread if _may_alias(k, key, elements)]:
+                            del unread[k]
+                    mapping[o.results[0]] = known[key]
+                elif o.name == "memref.store":
+                    guard = ir.Operation.create("scf.if", operands=[inside], regions=2)
+                    with ir.InsertionPoint(guard.regions[0].blocks.append()):
+                        ir.Operation.create("memref.store", operands=operands)
+                        ir.Operation.create("scf.yield")
+                    stored = tuple(operands[1:])
+                    for k in [k for k in known if _may_alias(k, stored, elements)]:
+                        del known[k]
+                    known[stored] = operands[0]
+                    if stored in unread:
+                        unread.pop(stored).erase()
+                    unread[stored] = guard
+                else:
+                    clone_ops([o], mapping)
+            if reduce:
+                acc = create_value("arith.select", [inside, mapping.get(terminator.operands[0], terminator.operands[0]), acc], acc.type)
+    if reduce:
+        loop.results[0].replace_all_uses_with(acc)
+    loop.erase()
+
+
 # a thread's iterations of a reduction across rows taken at a time: its loads in flight together
 # (H200, column sums of (4096, 3072) and (16384, 4096): 39 / 50 % of the copy rate with 16 row
 # groups and none unrolled, 99 / 101 % with 32 groups and 4; rows' loops, which ptxas unrolls
@@ -683,21 +841,29 @@ def _warp_reduce(value: ir.Value, combine: str) -> ir.Value:
 
 
 def _constant(t: ir.Type, value) -> ir.Value:
-    if isinstance(t, ir.F32Type):
+    if isinstance(t, ir.FloatType):
         v = {"lowest": float("-inf"), "highest": float("inf")}.get(value, value)
         return create_value("arith.constant", [], t, value=ir.FloatAttr.get(t, v))
     v = {"lowest": -(1 << 31), "highest": (1 << 31) - 1}.get(value, value)
     return create_value("arith.constant", [], t, value=ir.IntegerAttr.get(t, v))
 
 
-def _launch_text(name: str, versions: list[tuple[str, str]], captured: list[ir.Value], bounds: Bounds) -> str:
-    """The host side: pack the captured values and launch the kernel (its name and schedule, as
-    `_kernel_text` says) with the threads its work items need: of a row kernel's two versions,
-    the warp's where there are WARP_ROWS rows or more, else the block's."""
+def _launch_text(name: str, versions: list[tuple[str, str, int]], captured: list[ir.Value], bounds: Bounds,
+                 extent: Extent | None) -> str:
+    """The host side: pack the captured values and launch the kernel (its name, schedule and
+    elements a thread holds in registers, as `_kernel_text` and `_rows_in_registers` say) with
+    the threads its work items need: of a row kernel's versions, the warps' where there are
+    WARP_ROWS rows or more, else the blocks'; of those, the one with the fewest elements in
+    registers that hold the row (its `extent`), else the loops'."""
     lines = ["%zero = arith.constant 0 : index", "%one = arith.constant 1 : index", *pack_slots(captured)]
     total = _work_items(lines, bounds, versions[0][1])
     lines += [f"%image = func.call @{IMAGE}() : () -> !llvm.ptr", f"%size = func.call @{IMAGE_SIZE}() : () -> i64",
               f"%ptx = func.call @{PTX}() : () -> !llvm.ptr", f"%slots = llvm.mlir.constant({len(slot_types(captured))} : i64) : i64"]
+    if extent is not None and any(count for _, _, count in versions):
+        start, end, step = (f"%extent{i}" for i in range(3))
+        lines += [f"{var} = arith.constant {v} : index" if isinstance(v, int) else f"{var} = arith.addi {v}, %zero : index"
+                  for var, v in zip((start, end, step), extent)]
+        lines.append(f"%row = arith.subi {end}, {start} : index")
 
     def launch(k: int, kernel: str, schedule: str) -> list[str]:
         per_item, block = _THREADS[schedule]
@@ -706,17 +872,28 @@ def _launch_text(name: str, versions: list[tuple[str, str]], captured: list[ir.V
                 f"%block{k} = llvm.mlir.constant({block} : i64) : i64",
                 f"func.call @disc_ral_gpu_launch(%image, %size, %ptx, %name{k}, %buf, %slots, %threads{k}, %block{k}) : ({LAUNCH_SIGNATURE}) -> ()"]
 
-    if len(versions) == 1:
-        lines += launch(0, *versions[0])
-    else:
+    def choose(schedule: str) -> list[str]:  # the fewest elements in registers that hold the row, else the loops
+        mine = sorted((count, k, kernel) for k, (kernel, s, count) in enumerate(versions) if s == schedule)
+        out, closing = [], []
+        for count, k, kernel in mine[1:] if mine[0][0] == 0 else []:
+            holds = _THREADS[schedule][0] * count
+            out += [f"%holds{k} = arith.constant {holds} : index", f"%reach{k} = arith.muli %holds{k}, {step} : index",
+                    f"%fits{k} = arith.cmpi sle, %row, %reach{k} : index", f"scf.if %fits{k} {{", *launch(k, kernel, schedule), "} else {"]
+            closing.append("}")
+        count, k, kernel = mine[0]
+        return out + launch(k, kernel, schedule) + closing
+
+    if {s for _, s, _ in versions} == {"block", "warp"}:
         lines += [f"%warp_rows = arith.constant {WARP_ROWS} : index", f"%many = arith.cmpi uge, {total}, %warp_rows : index",
-                  "scf.if %many {", *launch(1, *versions[1]), "} else {", *launch(0, *versions[0]), "}"]
+                  "scf.if %many {", *choose("warp"), "} else {", *choose("block"), "}"]
+    else:
+        lines += choose(versions[0][1])
     lines += ["llvm.intr.stackrestore %sp : !llvm.ptr", "return"]
     params = ", ".join(f"%v{i}: {v.type}" for i, v in enumerate(captured))
     return "\n".join([
         f"func.func private @{IMAGE}() -> !llvm.ptr", f"func.func private @{IMAGE_SIZE}() -> i64",
         f"func.func private @{PTX}() -> !llvm.ptr", f"func.func private @disc_ral_gpu_launch({LAUNCH_SIGNATURE})",
-        *[f'llvm.mlir.global private constant @{kernel}_name("{kernel}\\00") {{addr_space = 0 : i32}}' for kernel, _ in versions],
+        *[f'llvm.mlir.global private constant @{kernel}_name("{kernel}\\00") {{addr_space = 0 : i32}}' for kernel, _, _ in versions],
         f"func.func private @{name}({params}) {{\n  " + "\n  ".join(lines) + "\n}"])
 
 
@@ -864,7 +1041,12 @@ def host_memory_through_the_ral(module: ir.Module, host_only: tuple[str, ...]) -
         if name.endswith(DEVICE_COPY):
             mt = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
             constants[name] = element_bytes(mt.element_type) * math.prod(mt.shape)
-    accesses = [op for op in _device_side(module, host_only) if op.name in ("memref.load", "memref.store")
+    device_side = set(_device_side(module, host_only))
+    for op in walk(module.operation):  # the guard's own memory is the host's: its arguments' data is the device's
+        memref = op.operands[1 if op.name == "memref.store" else 0] if op.name in ("memref.load", "memref.store") else None
+        if memref is not None and op not in device_side and isinstance(_buffer(memref), ir.BlockArgument):
+            raise CompileError(f"the guard would read a tensor's data in device memory (a compiler bug): {describe(op)}")
+    accesses = [op for op in device_side if op.name in ("memref.load", "memref.store")
                 and not _host_memory(op.operands[1 if op.name == "memref.store" else 0])]
     for op in accesses:
         _through_the_ral(op)
