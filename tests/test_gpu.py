@@ -339,7 +339,7 @@ def test_rows_that_fit_are_held_in_registers_in_the_kernel_the_host_code_picks(f
             assert ptx[name].count("ld.global") == 2 * count and ptx[name].count("st.global") == 2 * (count + 4), (name, count)
     f = _on_fake_gpu(f, fake_cuda, monkeypatch, tmp_path)
     launches = Launches(fake_cuda)
-    for rows, length, want in [(5, 100, "block per row, 2 a thread in registers"), (5, 1000, "block per row, 8 a thread in registers"),
+    for rows, length, want in [(5, 100, "block per row, 8 a thread in registers"), (5, 1000, "block per row, 8 a thread in registers"),
                                (5, 1025, "block per row"), (WARP_ROWS, 100, "warp per row, 4 a thread in registers"),
                                (WARP_ROWS, 200, "warp per row, 8 a thread in registers"), (WARP_ROWS, 257, "warp per row")]:
         launches.reset()
