@@ -424,13 +424,13 @@ def _cooperative_rows(func: ir.Operation, phases: Phases, schedule: str) -> None
 # a row of at most this many iterations a thread is held in registers (`_rows_in_registers`):
 # the host code launches the kernel of the fewest that fit the row (each kernel keeps to the
 # registers its own count needs), the loops' kernel for longer rows: a warp's 32 threads up to 256
-# elements, a block's 128 up to 1024 (the counts measured to win: each costs a kernel's
-# compilation, the encoder layer's 1.2 s for CUDA became 1.9 s). H200
-# (benchmarks/gpu/fusion_h200_s38_counts.log): a
-# softmax's rows of 128 and 256 8.9 -> 6.8 us and 47.3 -> 44.9 us, a layer norm of 1024 rows of
-# 768 4.9 -> 4.0 us; 16 or 24 a thread were slower but for a layer norm with one result (rows of
-# 512 softmax 321 -> 468 us with 16, 783 us with 24; a layer norm that also stores its residual
-# sum 285 -> 473 us with 24; one with a single result 196 -> 147 us)
+# elements, a block's 128 up to 1024: the counts measured to win, as each costs a kernel's
+# compilation (the encoder layer's for CUDA: 1.18 -> 1.55 s). H200
+# (benchmarks/gpu/fusion_h200_s38_counts.log): a softmax's rows of 128 and 256 8.9 -> 6.8 us and
+# 47.3 -> 44.9 us, a layer norm of 1024 rows of 768 4.9 -> 4.0 us; 16 or 24 a thread were slower
+# but for a layer norm with one result (a softmax's rows of 512: 321 -> 468 us with 16, 783 us
+# with 24; a layer norm that also stores its residual sum 285 -> 473 us with 24; one with a
+# single result 196 -> 147 us)
 REGISTER_ITERATIONS = {"warp": (4, 8), "block": (8,)}
 
 Extent = tuple  # a row loop's (start, end, step) as the host code has them: "%v<captured>" or an int
