@@ -119,12 +119,17 @@ class Launches:
         self.lib = ctypes.CDLL(path)
         self.lib.fake_cuda_count.restype = ctypes.c_int64
         self.lib.fake_cuda_count.argtypes = [ctypes.c_char_p]
+        self.lib.fake_cuda_host.restype = ctypes.c_void_p
 
     def reset(self) -> None:
         self.lib.fake_cuda_reset()
 
     def count(self, what: str) -> int:
         return self.lib.fake_cuda_count(what.encode())
+
+    def host(self, device: int) -> int:
+        """The host address of the fake's device memory (a device address is no host address)."""
+        return self.lib.fake_cuda_host(ctypes.c_void_p(device))
 
     def __iter__(self):
         name, grid, block, params = ctypes.create_string_buffer(64), (ctypes.c_int64 * 3)(), (ctypes.c_int64 * 3)(), (ctypes.c_int64 * 16)()
@@ -528,6 +533,28 @@ def test_checks_of_the_data_stay_out_of_the_guard():
         cpu(np.ones((2, 3), np.float32), np.array([2, -1, 1]))
 
 
+def test_sizes_the_data_decides_run_on_the_host_without_touching_device_memory(fake_cuda, monkeypatch, tmp_path):
+    """PyTorch's programs whose sizes the data decides, on the fake driver, whose device memory
+    the host cannot address (and is zero: kernels do not run, so every size read back is 0):
+    every call returns or raises the package's error; the host code reads what it needs through
+    the RAL (the guard read the data itself: a segfault on an H200)."""
+    torch = pytest.importorskip("torch")
+    from test_torch_data_dependent import CASES as DATA_CASES
+
+    rng = np.random.default_rng(0)
+    for name, make, inputs, spec in DATA_CASES:
+        dims: dict = {}
+        dynamic = tuple({axis: dims.setdefault(d, torch.export.Dim(d)) for axis, d in s.items()} for s in spec)
+        compiled = disc.compile(make().eval(), tuple(torch.from_numpy(a) for a in inputs(8, rng)), dynamic_shapes=dynamic, target="cuda")
+        (tmp_path / name).mkdir()
+        f = _on_fake_gpu(compiled, fake_cuda, monkeypatch, tmp_path / name)
+        for n in (1, 5):
+            try:
+                f(*inputs(n, rng))
+            except disc.DiscError:
+                pass
+
+
 def test_an_empty_innermost_dim_launches_nothing(fake_cuda, monkeypatch, tmp_path):
     """Elementwise kernels over a dim that is 0 at run time (a mask that selected nothing):
     nothing is launched, and the host's launch arithmetic divides by no zero (it ended the
@@ -629,10 +656,10 @@ def test_device_results_are_handed_over_through_dlpack(fake_cuda, monkeypatch, t
     (a, ta), (c, tc) = exe.run([dx, w], consume=_take_capsule)
     assert (ta.device_type, ta.ndim, ta.code, ta.bits, ta.lanes, ta.byte_offset) == (2, 2, 2, 32, 1, 0)  # float32
     assert [ta.shape[i] for i in range(2)] == [5, 4] and [ta.strides[i] for i in range(2)] == [4, 1]
-    got = np.ctypeslib.as_array(ctypes.cast(ta.data, ctypes.POINTER(ctypes.c_float)), (5, 4))
+    got = np.ctypeslib.as_array(ctypes.cast(Launches(fake_cuda).host(ta.data), ctypes.POINTER(ctypes.c_float)), (5, 4))
     np.testing.assert_array_equal(got, x @ w)  # what the (fake) cuBLAS wrote, in place
     assert tc.data != dx.address and [tc.shape[i] for i in range(2)] == [5, 3]  # the argument returned: a copy
-    assert bytes((ctypes.c_char * 60).from_address(tc.data)) == x.tobytes()
+    assert bytes((ctypes.c_char * 60).from_address(Launches(fake_cuda).host(tc.data))) == x.tobytes()
     assert rt.memory_stats("gpu")["bytes_in_use"] > base  # held by their consumers
     for address in (a, c):
         ral().ral_dlpack_delete(address)  # the consumers' deleters

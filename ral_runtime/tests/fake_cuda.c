@@ -1,6 +1,9 @@
 /* A stand-in for CUDA's driver and cuBLAS on host memory, for testing the RAL's GPU device where
  * there is no GPU (the C tests, and Python's through ral_runtime_enable_gpu(rt, path, path, 0)).
- * Device memory is host memory, copies are memcpy and a stream runs nothing; a module is its
+ * Device memory is host memory, zero-filled, at addresses the host cannot use: a device address
+ * is the host address with bit 62 set (non-canonical: code that reads or writes device memory on
+ * the host faults, as with a real GPU; `fake_cuda_host` gives the host address). Copies are
+ * memcpy and a stream runs nothing; a module is its
  * image, which must stay alive: a cubin is ELF's magic followed by text, PTX is text, and either
  * holds a kernel when the kernel's name occurs in its text. Launches are recorded, not run:
  * kernel, grid, block, stream, and the first 16 parameters as 8-byte words (kernelParams ends
@@ -36,6 +39,13 @@ typedef void *CUstream;
 typedef API(unsigned long long, void *) CUdeviceptr;
 typedef struct fake_blas *cublasHandle_t;
 typedef int cublasStatus_t;
+
+#define DEVICE_TAG ((uintptr_t)1 << 62)
+
+/* The host address of fake device memory (for tests that look at it). */
+void *fake_cuda_host(const void *device) { return (void *)((uintptr_t)device & ~DEVICE_TAG); }
+
+static void *host_of(CUdeviceptr device) { return fake_cuda_host((const void *)(uintptr_t)device); }
 
 enum {
   SUCCESS = 0,
@@ -273,9 +283,11 @@ CUresult API(cuMemAlloc_v2, hipMalloc)(CUdeviceptr *ptr, size_t bytes) {
   int fails = 0;
   NEED_CONTEXT(if ((fails = failing_allocs > 0)) failing_allocs--);
   if (fails) return OUT_OF_MEMORY;
-  void *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+  size_t size = (bytes + 255) / 256 * 256;
+  void *p = aligned_alloc(256, size);
   if (!p) return OUT_OF_MEMORY;
-  *ptr = (CUdeviceptr)(uintptr_t)p;
+  memset(p, 0, size);
+  *ptr = (CUdeviceptr)((uintptr_t)p | DEVICE_TAG);
   pthread_mutex_lock(&lock);
   counts.allocs++, counts.live++;
   pthread_mutex_unlock(&lock);
@@ -284,28 +296,28 @@ CUresult API(cuMemAlloc_v2, hipMalloc)(CUdeviceptr *ptr, size_t bytes) {
 
 CUresult API(cuMemFree_v2, hipFree)(CUdeviceptr ptr) {
   NEED_CONTEXT(counts.frees++, counts.live--);
-  free((void *)(uintptr_t)ptr);
+  free(host_of(ptr));
   return SUCCESS;
 }
 
 CUresult API(cuMemcpyHtoDAsync_v2, hipMemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.h2d++);
-  memcpy((void *)(uintptr_t)dst, src, bytes);
+  memcpy(host_of(dst), src, bytes);
   return SUCCESS;
 }
 
 CUresult API(cuMemcpyDtoHAsync_v2, hipMemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.d2h++);
-  memcpy(dst, (const void *)(uintptr_t)src, bytes);
+  memcpy(dst, host_of(src), bytes);
   return SUCCESS;
 }
 
 CUresult API(cuMemcpyDtoDAsync_v2, hipMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   (void)stream;
   NEED_CONTEXT(counts.d2d++);
-  memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+  memmove(host_of(dst), host_of(src), bytes);
   return SUCCESS;
 }
 
@@ -314,7 +326,7 @@ CUresult API(cuMemsetD2D8Async, hipMemset2DAsync)(CUdeviceptr dst, size_t pitch,
   (void)stream;
   if (height > 1 && pitch < width) return INVALID_VALUE;
   NEED_CONTEXT(counts.memsets++);
-  for (size_t row = 0; row < height; row++) memset((char *)(uintptr_t)dst + row * pitch, value, width);
+  for (size_t row = 0; row < height; row++) memset((char *)host_of(dst) + row * pitch, value, width);
   return SUCCESS;
 }
 
@@ -454,6 +466,7 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
         lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))            \
       return BLAS_INVALID_VALUE;                                                                                \
     NEED_CONTEXT(counts.gemms++);                                                                               \
+    a = fake_cuda_host(a), b = fake_cuda_host(b), c = fake_cuda_host(c);                                        \
     for (long long e = 0; e < count; e++)                                                                       \
       for (int j = 0; j < n; j++)                                                                               \
         for (int i = 0; i < m; i++) {                                                                           \
@@ -471,12 +484,14 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, int mode) {
 FAKE_GEMM(SGEMM_STRIDED, float)
 FAKE_GEMM(DGEMM_STRIDED, double)
 
-/* The same on arrays of the entries' addresses (in fake device memory: host memory). */
+/* The same on arrays of the entries' addresses (in device memory). */
 #define FAKE_GEMM_BATCHED(NAME, STRIDED, T)                                                                      \
   cublasStatus_t NAME(cublasHandle_t handle, int ta, int tb, int m, int n, int k, const T *alpha, const T *const a[], \
                       int lda, const T *const b[], int ldb, const T *beta, T *const c[], int ldc, int count) {     \
+    const T *const *ha = fake_cuda_host(a), *const *hb = fake_cuda_host(b);                                     \
+    T *const *hc = fake_cuda_host(c);                                                                            \
     for (int e = 0; e < count; e++) {                                                                            \
-      cublasStatus_t s = STRIDED(handle, ta, tb, m, n, k, alpha, a[e], lda, 0, b[e], ldb, 0, beta, c[e], ldc, 0, 1); \
+      cublasStatus_t s = STRIDED(handle, ta, tb, m, n, k, alpha, ha[e], lda, 0, hb[e], ldb, 0, beta, hc[e], ldc, 0, 1); \
       if (s != SUCCESS) return s;                                                                                \
     }                                                                                                            \
     return SUCCESS;                                                                                              \
