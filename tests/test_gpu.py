@@ -30,13 +30,25 @@ needs_ptxas = pytest.mark.skipif(cuda.ptxas_path() is None, reason="ptxas (CUDA 
 
 @needs_ptxas
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_jax_program_compiles_for_cuda(arch):
-    """One compilation per program and GPU; ptxas checks each module (a rejected PTX is a CompileError)."""
-    for name, fn, args, dims, _, _ in CASES:
+def test_every_jax_program_compiles_for_cuda(arch, fake_cuda, monkeypatch, tmp_path):
+    """One compilation per program and GPU; ptxas checks each module (a rejected PTX is a
+    CompileError). The host code runs on the fake driver at the program's three shapes: it
+    returns, or raises the package's error where it reads back a size a kernel computes (the
+    fake runs no kernel: its memory stays 0); it never faults (the fake's device memory is not
+    the host's) nor divides by zero."""
+    rng = np.random.default_rng(0)
+    for name, fn, args, dims, envs, _ in CASES:
         f = disc.compile(fn, *specs_for(args, dims), target=f"cuda:{arch}")
         header = f._exe.artifact.header
         assert header["target"]["chip"] == arch and header["info"]["device_code"]["cubin_bytes"] > 0, name
         assert all(k.name.startswith("__disc_gpu_") for k in f.kernels), name
+        (tmp_path / name).mkdir()
+        on_fake = _on_fake_gpu(f, fake_cuda, monkeypatch, tmp_path / name)
+        for env in envs:
+            try:
+                on_fake(*[random_array(concrete(shape, env), dtype, rng) for shape, dtype in args])
+            except disc.ShapeError:
+                pass
 
 
 @pytest.mark.parametrize("chip", ["gfx90a", "gfx942"])
@@ -536,7 +548,7 @@ def test_checks_of_the_data_stay_out_of_the_guard():
 def test_sizes_the_data_decides_run_on_the_host_without_touching_device_memory(fake_cuda, monkeypatch, tmp_path):
     """PyTorch's programs whose sizes the data decides, on the fake driver, whose device memory
     the host cannot address (and is zero: kernels do not run, so every size read back is 0):
-    every call returns or raises the package's error; the host code reads what it needs through
+    every call returns or raises a ShapeError; the host code reads what it needs through
     the RAL (the guard read the data itself: a segfault on an H200)."""
     torch = pytest.importorskip("torch")
     from test_torch_data_dependent import CASES as DATA_CASES
@@ -551,7 +563,7 @@ def test_sizes_the_data_decides_run_on_the_host_without_touching_device_memory(f
         for n in (1, 5):
             try:
                 f(*inputs(n, rng))
-            except disc.DiscError:
+            except disc.ShapeError:  # a size from the zeros breaks an assumption
                 pass
 
 
