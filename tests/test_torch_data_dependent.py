@@ -177,6 +177,15 @@ def test_lists_whose_lengths_do_not_add_up_are_refused():
         f(np.ones((2, 3), np.float32), np.array([2, -1, 1]))
 
 
+def test_bincount_of_a_negative_value_is_refused():
+    """torch.bincount raises for a negative value; the compiled function refuses it too (its
+    scatter would skip the value and count the rest)."""
+    f = _compile(Distinct().eval(), _distinct(8, np.random.default_rng(3)), ({0: "n"}, {0: "n"}))
+    np.testing.assert_array_equal(f(np.array([0, 2, 2]), np.ones(3, np.float32))[-1], [1, 0, 2])
+    with pytest.raises(disc.ShapeError, match="bincount: a value is negative"):
+        f(np.array([0, -2, 2]), np.ones(3, np.float32))
+
+
 def test_through_torch_compile_when_dynamo_captures_them(monkeypatch):
     """Told to capture ops whose sizes the data decides (else it breaks the graph there), dynamo
     gives the backend one graph, compiled once for every shape and mask."""

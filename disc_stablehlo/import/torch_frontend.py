@@ -668,9 +668,11 @@ def _unique_consecutive(x: Any, return_inverse: bool = False, return_counts: boo
 
 
 def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
-    """`torch.bincount`: max(x) + 1 bins (read from the data), at least `minlength`."""
+    """`torch.bincount`: max(x) + 1 bins (read from the data), at least `minlength`; a negative
+    value is refused where the data is (torch raises; the scatter would skip it)."""
     import torch
 
+    check_op()(x.min() >= 0, "bincount: a value is negative")
     bins = torch.clamp(x.max() + 1, min=minlength).item()
     torch._check(bins >= 0)
     ones = torch.ones_like(x, dtype=torch.long) if weights is None else weights
