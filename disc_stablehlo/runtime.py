@@ -18,7 +18,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -602,18 +602,70 @@ class Executable:
 class Binding:
     """How a caller's arguments map to the compiled inputs and the results back to the source
     function's structure (JAX pytrees, TF nests, a PyTorch model's outputs). A loaded artifact keeps
-    the argument mapping and takes the flat arguments (the fixed ones too, checked); its results come
-    as one array or a tuple."""
+    all of it but TF's nests: it takes the arguments as the function did (or their flat leaves;
+    the fixed ones too, checked) and gives the results back in the function's structure where
+    `result_tree` could describe it (else one array or a tuple)."""
     kept_args: tuple[int, ...] | None = None  # flat argument indices the module keeps (JAX drops unused ones)
     num_flat_args: int | None = None
     pytree: str = ""                          # "jax" or "torch": arguments are that library's pytrees
     keywords: tuple[str, ...] = ()            # keyword arguments, read after the positional ones in this order
     fixed: tuple[tuple[int, str, Any], ...] = ()  # (flat index, name, value) of arguments fixed when compiled (PyTorch's non-tensors)
     pack_results: Callable[[list], Any] | None = None
+    result_tree: Any = None  # the results' structure for a loaded artifact (`result_tree`), or None
 
     def to_json(self) -> dict[str, Any]:
         return {"kept_args": list(self.kept_args) if self.kept_args is not None else None, "num_flat_args": self.num_flat_args,
-                "fixed": [list(f) for f in self.fixed]}
+                "pytree": self.pytree, "keywords": list(self.keywords), "fixed": [list(f) for f in self.fixed],
+                "result_tree": self.result_tree}
+
+    @staticmethod
+    def from_json(saved: dict[str, Any]) -> Binding:
+        """The binding a saved artifact keeps; its results packed as `result_tree` says."""
+        b = Binding(**{k: tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) and k != "result_tree" else v
+                       for k, v in saved.items()})
+        return dataclasses.replace(b, pack_results=_result_packer(b.pytree, b.result_tree))
+
+
+def result_tree(structure: Any) -> Any:
+    """A JSON description of a structure of results whose leaves are "*": "*", ["tuple" | "list",
+    [...]], ["dict", [[key, ...], ...]] (string keys), None; or None where it holds anything else
+    (a namedtuple, a custom node: a loaded artifact then gives the results as a tuple)."""
+    def describe(node: Any) -> Any:
+        if type(node) in (tuple, list):
+            return [type(node).__name__, [describe(x) for x in node]]
+        if type(node) is dict and all(isinstance(k, str) for k in node):
+            return ["dict", [[k, describe(v)] for k, v in node.items()]]
+        if node is None or node == "*":
+            return node
+        raise ValueError(node)
+    try:
+        return describe(structure)
+    except ValueError:
+        return None
+
+
+def _result_packer(pytree: str, tree: Any) -> Callable[[list], Any] | None:
+    """Results in the structure `result_tree` described (PyTorch's: its own TreeSpec, as text)."""
+    if tree is None:
+        return None
+    if pytree == "torch":
+        def pack(outs: list) -> Any:
+            from torch.utils._pytree import treespec_loads, tree_unflatten
+
+            return tree_unflatten(outs, treespec_loads(tree))
+        return pack
+
+    def build(node: Any, leaves: Iterator[Any]) -> Any:
+        if node == "*":
+            return next(leaves)
+        if node is None:
+            return None
+        kind, children = node
+        if kind == "dict":
+            return {k: build(c, leaves) for k, c in children}
+        built = [build(c, leaves) for c in children]
+        return tuple(built) if kind == "tuple" else built
+    return lambda outs: build(tree, iter(outs))
 
     def without_fixed(self, leaves: list[Any]) -> list[Any]:
         """The leaves without the arguments fixed when compiled, each checked to be what it was then."""
@@ -637,7 +689,7 @@ class CompiledFunction:
     def __init__(self, executable: Executable, binding: Binding | None = None, compile_count: int = 1):
         art = executable.artifact
         self._exe = executable
-        self._binding = binding or Binding(**{k: tuple(v) if isinstance(v, list) else v for k, v in art.header["binding"].items()})
+        self._binding = binding or Binding.from_json(art.header["binding"])
         self.signature = executable.signature
         self.kernels = art.kernels  # the loop nests (kind, ops inside) run on the RAL thread pool
         self.compile_count = compile_count  # native code generations: 1, or 0 when loaded
@@ -825,11 +877,13 @@ def _to_device(x: Any, kind: str, device: Any) -> Any:
 
 def _flatten(args: tuple, pytree: str) -> tuple[list[Any], str]:
     """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
-    if pytree == "jax":
+    if all(hasattr(x, "shape") for x in args):  # arrays alone are their own leaves (no import)
+        leaves = list(args)
+    elif pytree == "jax":
         import jax
 
         leaves = jax.tree_util.tree_leaves(args)
-    elif pytree == "torch" and not all(hasattr(x, "shape") for x in args):  # (arrays alone are their own leaves)
+    elif pytree == "torch":
         from torch.utils._pytree import tree_leaves
 
         leaves = tree_leaves(args)

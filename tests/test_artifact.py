@@ -58,6 +58,38 @@ def test_a_loaded_artifact_behaves_as_the_compiled_function(saved):
         g(*_inputs(3, 1))
 
 
+def test_a_loaded_artifact_takes_and_gives_the_functions_structures(tmp_path):
+    """A loaded artifact takes the arguments as the function did (pytrees; or their flat leaves)
+    and gives the results back in the function's structure: JAX's dicts, tuples, lists and
+    Nones, and a PyTorch model's outputs (a dict here, transformers' ModelOutput too)."""
+    b = export.symbolic_shape("b")[0]
+
+    def fn(x, p):
+        return {"y": x @ p["w"] + p["b"], "aux": (x.sum(), None, [x * 2])}
+
+    specs = (jax.ShapeDtypeStruct((b, 3), jnp.float32), {"w": jax.ShapeDtypeStruct((3, 2), jnp.float32), "b": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    disc.compile(fn, *specs).save(tmp_path / "jax.disc")
+    g = disc.load(tmp_path / "jax.disc")
+    x, p = np.ones((4, 3), np.float32), {"w": np.full((3, 2), 0.5, np.float32), "b": np.arange(2, dtype=np.float32)}
+    want = jax.jit(fn)(x, p)
+    for got in (g(x, p), g(x, p["b"], p["w"])):  # the leaves: the dict's in sorted order
+        assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+        for a, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(a, w, rtol=1e-6)
+    torch = pytest.importorskip("torch")
+
+    class Model(torch.nn.Module):
+        def forward(self, x, extra):
+            return {"double": x * 2, "parts": (x + extra["a"], x - 1)}
+
+    t, extra = torch.randn(3, 4), {"a": torch.randn(3, 4)}
+    n = torch.export.Dim("n")
+    disc.compile(Model(), (t, extra), dynamic_shapes=({0: n}, {"a": {0: n}})).save(tmp_path / "torch.disc")
+    out = disc.load(tmp_path / "torch.disc")(t, extra)
+    assert list(out) == ["double", "parts"] and isinstance(out["parts"], tuple)
+    torch.testing.assert_close(out["parts"][0], t + extra["a"])
+
+
 def test_the_weights_are_stored_once_in_the_parameter_section(saved):
     _, path = saved
     art = artifact.read(str(path))

@@ -53,7 +53,7 @@ def main() -> int:
                         got = f(*[jax.device_put(x, gpu) for x in inputs])
                         kinds = {type(g).__module__.split(".")[0] for g in jax.tree_util.tree_leaves(got)}
                         assert kinds <= {"jax", "jaxlib"} and all(g.devices() == {gpu} for g in jax.tree_util.tree_leaves(got)), kinds
-                    got = [got] if not isinstance(got, (tuple, list)) else list(got)
+                    got = jax.tree_util.tree_leaves(got)  # the program's result structure, as compiled
                     for g, w, dtype in zip(got, want, dtypes):
                         if mode == "cuda":  # numpy has no bfloat16 of torch's: compared as float32
                             g = (g.float() if dtype == "bfloat16" else g).cpu().numpy()

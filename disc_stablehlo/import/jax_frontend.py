@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..runtime import Binding
+from ..runtime import Binding, result_tree
 from . import Source, register_frontend
 
 
@@ -36,7 +36,8 @@ def _export_jax(fn: Any, *specs: Any) -> tuple[Source, Binding]:
     # the portable artifact JAX serialized (its `mlir_module()` text took 15-20 ms to print and the
     # worker's parse the same again; a CHLO composite in the text, top_k's, made the worker import jax)
     source = Source("stablehlo", exported.mlir_module_serialized, dims, tuple(names[i] for i in kept), _explicit_constraints(exported))
-    binding = Binding(kept, len(exported.in_avals), "jax", pack_results=functools.partial(jax.tree_util.tree_unflatten, exported.out_tree))
+    binding = Binding(kept, len(exported.in_avals), "jax", pack_results=functools.partial(jax.tree_util.tree_unflatten, exported.out_tree),
+                      result_tree=result_tree(jax.tree_util.tree_unflatten(exported.out_tree, ["*"] * exported.out_tree.num_leaves)))
     return source, binding
 
 

@@ -1514,15 +1514,21 @@ def _binding(ep: Any) -> Binding:
     """Arguments taken as the model takes them (tensors in nested lists, tuples and dicts, flattened
     in torch's order; the keyword arguments it was exported with), results given back in the
     model's output structure (a transformers `ModelOutput`, a dict, a tuple) where each of its
-    leaves is a result. Arguments that are not tensors (a flag, a scale) torch.export fixed at
+    leaves is a result, by a loaded artifact too where torch can write the structure down. Arguments that are not tensors (a flag, a scale) torch.export fixed at
     their example values: the call checks them and passes them on to nothing."""
-    from torch.utils._pytree import tree_unflatten
+    from torch.utils._pytree import tree_unflatten, treespec_dumps
 
     keywords = tuple(ep.call_spec.in_spec.child(1).context) if ep.call_spec.in_spec is not None else ()
     fixed = tuple((i, s.arg.name, s.arg.value) for i, s in enumerate(_user_input_specs(ep)) if _is_constant(s))
     spec = ep.call_spec.out_spec
-    pack = functools.partial(tree_unflatten, treespec=spec) if spec is not None and spec.num_leaves == len(ep.graph_signature.user_outputs) else None
-    return Binding(pytree="torch", keywords=keywords, fixed=fixed, pack_results=pack)
+    if spec is None or spec.num_leaves != len(ep.graph_signature.user_outputs):
+        return Binding(pytree="torch", keywords=keywords, fixed=fixed)
+    try:  # for a loaded artifact: torch's own text of the structure (a type it cannot name: results as a tuple)
+        saved = treespec_dumps(spec)
+    except NotImplementedError:
+        saved = None
+    return Binding(pytree="torch", keywords=keywords, fixed=fixed, pack_results=functools.partial(tree_unflatten, treespec=spec),
+                   result_tree=saved)
 
 
 def _user_input_specs(ep: Any) -> list[Any]:
