@@ -625,6 +625,16 @@ class Binding:
                        for k, v in saved.items()})
         return dataclasses.replace(b, pack_results=_result_packer(b.pytree, b.result_tree))
 
+    def without_fixed(self, leaves: list[Any]) -> list[Any]:
+        """The leaves without the arguments fixed when compiled, each checked to be what it was then."""
+        for i, name, value in self.fixed:
+            x = leaves[i] if i < len(leaves) else None
+            if i < len(leaves) and (hasattr(x, "shape") or isinstance(x, bool) != isinstance(value, bool) or x != value):
+                raise ShapeError(f"argument '{name}' is {x!r}; this function was compiled for {value!r} (torch.export fixes "
+                                 "arguments that are not tensors at their example values: compile again for another value)")
+        skip = {f[0] for f in self.fixed}
+        return [x for i, x in enumerate(leaves) if i not in skip]
+
 
 def result_tree(structure: Any) -> Any:
     """A JSON description of a structure of results whose leaves are "*": "*", ["tuple" | "list",
@@ -667,16 +677,6 @@ def _result_packer(pytree: str, tree: Any) -> Callable[[list], Any] | None:
         return tuple(built) if kind == "tuple" else built
     return lambda outs: build(tree, iter(outs))
 
-    def without_fixed(self, leaves: list[Any]) -> list[Any]:
-        """The leaves without the arguments fixed when compiled, each checked to be what it was then."""
-        for i, name, value in self.fixed:
-            x = leaves[i] if i < len(leaves) else None
-            if i < len(leaves) and (hasattr(x, "shape") or isinstance(x, bool) != isinstance(value, bool) or x != value):
-                raise ShapeError(f"argument '{name}' is {x!r}; this function was compiled for {value!r} (torch.export fixes "
-                                 "arguments that are not tensors at their example values: compile again for another value)")
-        skip = {f[0] for f in self.fixed}
-        return [x for i, x in enumerate(leaves) if i not in skip]
-
 
 class CompiledFunction:
     """A function compiled once for every shape its signature admits.
@@ -708,9 +708,9 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         b = self._binding
-        if kwargs.keys() != set(b.keywords):
+        if kwargs.keys() != set(b.keywords) and (kwargs or not b.keywords):  # (none: every leaf given in order)
             raise ShapeError(f"expected the keyword arguments {sorted(b.keywords)} (as compiled), got {sorted(kwargs)}")
-        leaves, kind = _flatten(args + tuple(kwargs[k] for k in b.keywords), b.pytree)
+        leaves, kind = _flatten(args + tuple(kwargs[k] for k in b.keywords if kwargs), b.pytree)
         if b.fixed:
             leaves = b.without_fixed(leaves)
         if b.kept_args is not None:

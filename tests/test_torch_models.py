@@ -601,10 +601,11 @@ def test_arguments_that_are_not_tensors_are_fixed_and_checked_on_every_call(tmp_
             compiled(**{**call, name: other})
     with pytest.raises(disc.ShapeError, match="argument 'pair_1' is 8"):
         compiled(**{**call, "pair": (call["pair"][0], 8)})
-    compiled.save(tmp_path / "m.disc")  # loaded: the flat arguments, the fixed ones still checked
+    compiled.save(tmp_path / "m.disc")  # loaded: the arguments as compiled, or the flat ones; the fixed ones still checked
     loaded = disc.load(tmp_path / "m.disc")
     flat = [call["x"], call["pair"][0], 7, 3.0, None, "sub", True]
     torch.testing.assert_close(loaded(*flat), tuple(Model()(**call)))
+    torch.testing.assert_close(loaded(**call), compiled(**call))
     with pytest.raises(disc.ShapeError, match="argument 'mode' is 'add'"):
         loaded(*flat[:5], "add", True)
 
