@@ -1514,8 +1514,9 @@ def _binding(ep: Any) -> Binding:
     """Arguments taken as the model takes them (tensors in nested lists, tuples and dicts, flattened
     in torch's order; the keyword arguments it was exported with), results given back in the
     model's output structure (a transformers `ModelOutput`, a dict, a tuple) where each of its
-    leaves is a result, by a loaded artifact too where torch can write the structure down. Arguments that are not tensors (a flag, a scale) torch.export fixed at
-    their example values: the call checks them and passes them on to nothing."""
+    leaves is a result, by a loaded artifact too where torch can write the structure down.
+    Arguments that are not tensors (a flag, a scale) torch.export fixed at their example values:
+    the call checks them and passes them on to nothing."""
     from torch.utils._pytree import tree_unflatten, treespec_dumps
 
     keywords = tuple(ep.call_spec.in_spec.child(1).context) if ep.call_spec.in_spec is not None else ()

@@ -477,7 +477,6 @@ def _fits_in_registers(phases: Phases) -> bool:
     loops = [o for o, kind, _ in phases if kind in ("reduce", "loop")]
     loaded = [o.results[0].type for loop in loops for o in walk(loop) if o.name == "memref.load"]
     return (len(loops) > 1 and all(isinstance(t, (ir.FloatType, ir.IntegerType)) for t in loaded)
-            and all(o.name == "scf.for" or len(o.regions[0].blocks[0].arguments) == 1 for o in loops)
             and all(_same_iterations(loops[0], o) for o in loops[1:])
             and not any(_needs_barrier(phases, i) for i in range(len(phases))))
 
@@ -504,14 +503,13 @@ def _rows_in_registers(func: ir.Operation, phases: Phases, schedule: str, count:
     elements = {element for _, element in items}
     for o in [o.operation for o in block.operations]:
         if any(o == p for p, kind, _ in phases if kind in ("reduce", "loop")):
-            _unroll_in_registers(o, items, known, unread)
+            _unroll_in_registers(o, items, elements, known, unread)
             continue
         for inner in walk(o):  # a row's value stored by one thread, or read
             if inner.name in ("memref.store", "memref.load"):
                 key = (inner.operands[1], *list(inner.operands)[2:]) if inner.name == "memref.store" else tuple(inner.operands)
-                for table in (known, unread):
-                    for k in [k for k in table if _may_alias(k, key, elements)]:
-                        del table[k]
+                _forget(known, key, elements)
+                _forget(unread, key, elements)
 
 
 def _may_alias(a: tuple, b: tuple, elements: set) -> bool:
@@ -525,9 +523,16 @@ def _may_alias(a: tuple, b: tuple, elements: set) -> bool:
     return not (a[0] == b[0] and len(a) == len(b) and any(x != y and x in elements and y in elements for x, y in zip(a[1:], b[1:])))
 
 
-def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Value]], known: dict, unread: dict) -> None:
+def _forget(table: dict, key: tuple, elements: set) -> None:
+    """Drops the entries of `table` (keyed by element) that may name the element `key` does."""
+    for k in [k for k in table if _may_alias(k, key, elements)]:
+        del table[k]
+
+
+def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Value]], elements: set, known: dict,
+                         unread: dict) -> None:
     """`loop` (a thread's part of a row) as one copy of its body per item of `items` (whether the
-    iteration is in the row, and the element it reads); loads of an element this thread loaded or
+    iteration is in the row, and the element it reads: one of `elements`); loads of an element this thread loaded or
     stored before become that value (`known`); stores are skipped past the row's end, and a store
     goes where a later one writes the same element before any load reads it (`unread`: a
     softmax's exponentials, overwritten by the quotients)."""
@@ -536,7 +541,6 @@ def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Valu
     ops, terminator = ops[:-1], ops[-1]
     reduce = loop.name == "scf.for" and len(loop.results) == 1
     acc = loop.operands[3] if reduce else None
-    elements = {element for _, element in items}
     with ir.InsertionPoint(loop), loop.location:
         for inside, element in items:
             mapping = {body.arguments[0]: element}
@@ -554,8 +558,7 @@ def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Valu
                         with ir.InsertionPoint(load.regions[1].blocks.append()):
                             ir.Operation.create("scf.yield", operands=[_constant(t, 0)])
                         known[key] = load.results[0]
-                        for k in [k for k in unread if _may_alias(k, key, elements)]:
-                            del unread[k]
+                        _forget(unread, key, elements)
                     mapping[o.results[0]] = known[key]
                 elif o.name == "memref.store":
                     guard = ir.Operation.create("scf.if", operands=[inside], regions=2)
@@ -563,8 +566,7 @@ def _unroll_in_registers(loop: ir.Operation, items: list[tuple[ir.Value, ir.Valu
                         ir.Operation.create("memref.store", operands=operands)
                         ir.Operation.create("scf.yield")
                     stored = tuple(operands[1:])
-                    for k in [k for k in known if _may_alias(k, stored, elements)]:
-                        del known[k]
+                    _forget(known, stored, elements)
                     known[stored] = operands[0]
                     if stored in unread:
                         unread.pop(stored).erase()
