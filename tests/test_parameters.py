@@ -1,11 +1,9 @@
-"""Weights as binary parameters: large constants never become IR text, and compile time does not
-grow with the parameter count."""
+"""Weights as binary parameters: large constants never become IR text, and what the compiler
+works on does not grow with the parameter count."""
 
 from __future__ import annotations
 
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -56,46 +54,31 @@ def test_complex_constants_stay_in_the_ir():
     np.testing.assert_allclose(got[1], y + large)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _mlp_compile_seconds(width: int) -> float:
-    """CPU seconds the compilation takes, in this process (the export) and in the compiler worker
-    (everything else: DISC_COMPILE_HELPER=0 keeps code generation there): unlike wall time, what
-    other processes do to the machine (the other test workers) hardly moves it."""
-    import torch
+def _mlp(width: int):
+    """A compiled three-layer MLP (dynamic batch) whose middle layer is width x width, checked
+    against eager at two batch sizes: with 256 or more, every weight and bias is a parameter."""
     from torch.export import Dim
 
-    from disc_stablehlo import worker
-
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.GELU(), torch.nn.Linear(width, width),
-                                torch.nn.GELU(), torch.nn.Linear(width, 64))
-    x = torch.randn(4, 64)
-    pid = worker.worker().proc.pid
-    start, start_worker = time.process_time(), _cpu_seconds(pid)
-    f = disc.compile(model, (x,), dynamic_shapes={"input": {0: Dim("batch")}})
-    seconds = time.process_time() - start + _cpu_seconds(pid) - start_worker
+    model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.GELU(), torch.nn.Linear(width, width),
+                                torch.nn.GELU(), torch.nn.Linear(width, 256))
+    f = disc.compile(model, (torch.randn(4, 256),), dynamic_shapes={"input": {0: Dim("batch")}})
     for n in (1, 9):
-        x = torch.randn(n, 64)
+        x = torch.randn(n, 256)
         with torch.no_grad():
             np.testing.assert_allclose(f(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-4)
-    return seconds
+    assert sorted(p.shape for p in f._exe.params) == sorted(tuple(p.shape) for p in model.parameters())
+    return f
 
 
-def test_a_16x_wider_model_compiles_about_as_fast(monkeypatch):
-    monkeypatch.setenv("DISC_COMPILE_HELPER", "0")
-    monkeypatch.delenv("DISC_COMPILE_WORKER", raising=False)
-    _mlp_compile_seconds(32)  # warms torch.export and the compiler up
-    # interleaved; the median of 5 each: one compilation's CPU time moves by +-40 % on this VM (page
-    # faults, GC), in both directions (a best of 5 failed on one narrow compilation at 0.65 s among 0.87-1.03)
-    pairs = [(_mlp_compile_seconds(64), _mlp_compile_seconds(1024)) for _ in range(5)]
-    narrow, wide = (statistics.median(p[i] for p in pairs) for i in (0, 1))  # wide: 256x the weights of the middle layer
-    assert wide <= 1.3 * narrow, pairs
+def test_a_16x_wider_model_gives_the_compiler_the_same_work():
+    """What the compiler sees does not grow with the parameters: a model with 256x the weights in
+    its middle layer gives the same kernels and code of about the same size (the shapes differ, and
+    so do the buffers the host code reuses: 9 % more text; 64 MB of weights as text would be
+    hundreds of MB). (Compile time itself is measured in benchmarks/, not in a timed test.)"""
+    narrow, wide = _mlp(256), _mlp(4096)
+    assert len(wide.llvm_ir) < 1.25 * len(narrow.llvm_ir)
+    assert [(k.kind, k.ops) for k in wide._exe.artifact.kernels] == [(k.kind, k.ops) for k in narrow._exe.artifact.kernels]
 
 
 class _Tied(torch.nn.Module):
