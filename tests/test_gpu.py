@@ -40,7 +40,8 @@ def test_every_jax_program_compiles_for_cuda(arch, fake_cuda, monkeypatch, tmp_p
     for name, fn, args, dims, envs, _ in CASES:
         f = disc.compile(fn, *specs_for(args, dims), target=f"cuda:{arch}")
         header = f._exe.artifact.header
-        assert header["target"]["chip"] == arch and header["info"]["device_code"]["cubin_bytes"] > 0, name
+        assert header["target"]["chip"] == arch, name
+        assert (header["info"]["device_code"]["cubin_bytes"] > 0) == bool(f.kernels), name  # a cubin only with kernels
         assert all(k.name.startswith("__disc_gpu_") for k in f.kernels), name
         (tmp_path / name).mkdir()
         on_fake = _on_fake_gpu(f, fake_cuda, monkeypatch, tmp_path / name)
@@ -49,6 +50,46 @@ def test_every_jax_program_compiles_for_cuda(arch, fake_cuda, monkeypatch, tmp_p
                 on_fake(*[random_array(concrete(shape, env), dtype, rng) for shape, dtype in args])
             except disc.ShapeError:
                 pass
+
+
+@needs_ptxas
+def test_each_kernel_is_compiled_alone_once_per_structure(monkeypatch):
+    """Each kernel is compiled to PTX alone (`codegen.ptx_part`), under a symbol its structure
+    decides, and kept (`codegen.kernel_cache`): the same function compiled again compiles no
+    kernel and runs no ptxas (the cubin of the same PTX is kept too); another function with the
+    same softmax compiles only its other kernel. Kernels of one structure under two names (their
+    shared memory named after each) are compiled once, and the PTX holds both under their own
+    names, one header, which ptxas accepts as one module."""
+    from disc_stablehlo.targets import codegen, get_target
+
+    monkeypatch.setenv("DISC_COMPILE_WORKER", "0")  # this process's kernel cache
+    monkeypatch.delenv("DISC_CACHE_DIR", raising=False)
+    monkeypatch.setattr(codegen, "kernel_cache", codegen.KernelCache())
+    jobs, assembled, device_ir = [], [], []
+    compile_parts, run_ptxas, emit_ptx = codegen.compile_parts, cuda._run_ptxas, cuda.emit_ptx
+    monkeypatch.setattr(codegen, "compile_parts", lambda js: (jobs.extend(k for k, _ in js if k == "ptx"), compile_parts(js))[1])
+    monkeypatch.setattr(cuda, "_run_ptxas", lambda *a: (assembled.append(a), run_ptxas(*a))[1])
+    monkeypatch.setattr(cuda, "emit_ptx", lambda text, *a: (device_ir.append(text), emit_ptx(text, *a))[1])
+    b = jax.export.symbolic_shape("b")[0]
+    spec = jax.ShapeDtypeStruct((b, 256), jnp.float32)
+    softmax = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), spec, target="cuda")
+    names = list(dict.fromkeys(k.name for k in softmax.kernels))
+    assert len(jobs) == len(names) >= 2 and len(assembled) == 1
+    jobs.clear(), assembled.clear()
+    again = disc.compile(lambda x: jax.nn.softmax(x, axis=-1), spec, target="cuda")
+    assert not jobs and not assembled and _ptx_entries(again) == _ptx_entries(softmax)
+    both = disc.compile(lambda x, y: (jax.nn.softmax(x, axis=-1), jnp.tanh(y)), spec, jax.ShapeDtypeStruct((3, b), jnp.float32),
+                        target="cuda")
+    assert len(set(k.name for k in both.kernels)) == len(names) + 1 and len(jobs) == 1
+    jobs.clear()
+    block = next(k.name for k in softmax.kernels if k.version.startswith("block per row"))
+    shared = [line for line in device_ir[0].splitlines() if line.startswith(f"@__wg_{block}_")]
+    assert shared  # its shared memory, named after it
+    copy = "\n".join([*shared, codegen.Functions(device_ir[0]).definitions[block]]).replace(block, "__disc_gpu_99")
+    ptx = cuda.emit_ptx(device_ir[0] + copy, get_target("cuda"), [block, "__disc_gpu_99"])
+    assert not jobs and ptx.count(".version") == 1
+    assert re.findall(r"\.visible \.entry (\w+)\(", ptx) == [block, "__disc_gpu_99"]
+    assert cuda.assemble(ptx, get_target("cuda"))
 
 
 @pytest.mark.parametrize("chip", ["gfx90a", "gfx942"])

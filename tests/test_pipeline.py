@@ -365,11 +365,11 @@ def test_code_generation_is_split_with_a_helper_process(monkeypatch):
     generation in this process alone. A helper that dies mid-request leaves its parts to this
     process (and is not started again)."""
     from disc_stablehlo.targets import codegen, get_target
-    from disc_stablehlo.targets.x86 import _classic_float_literals
+    from disc_stablehlo.targets.codegen import classic_float_literals
 
     f = _compile_two_layers()
     t = get_target("x86")
-    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
+    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), classic_float_literals(f.llvm_ir)
     kernels = [k.name for k in f.kernels]
     parts = 1 + len(set(kernels))
     codegen.start_helper()
@@ -410,11 +410,11 @@ def test_a_part_llvm_rejects_stops_the_split_compilation(monkeypatch):
     """A part LLVM rejects here (a compiler bug; `x86.emit_objects` makes it a CompileError) raises
     LLVMRejected once the helper's part in flight is done: the parts still queued are not compiled."""
     from disc_stablehlo.targets import codegen, get_target
-    from disc_stablehlo.targets.x86 import _classic_float_literals
+    from disc_stablehlo.targets.codegen import classic_float_literals
 
     f = _compile_two_layers()
     t = get_target("x86")
-    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), _classic_float_literals(f.llvm_ir)
+    spec, llvm_ir = (t.triple, t.cpu, t.features, t.vector_bits), classic_float_literals(f.llvm_ir)
     codegen.start_helper()
     for _ in range(200):
         if codegen.ready_helper():
@@ -464,10 +464,10 @@ def test_the_host_codes_part_gets_the_quick_code_generator():
     import llvmlite.binding as llvm
 
     from disc_stablehlo.targets import codegen
-    from disc_stablehlo.targets.x86 import _classic_float_literals
+    from disc_stablehlo.targets.codegen import classic_float_literals
 
     f = _compile_two_layers()
-    functions = codegen.Functions(_classic_float_literals(f.llvm_ir))
+    functions = codegen.Functions(classic_float_literals(f.llvm_ir))
     host = functions.text(frozenset(k.name for k in f.kernels))
     assert "define void @disc_call_entry(" in host
     assert codegen.codegen_level(llvm.parse_assembly(host)) == 0

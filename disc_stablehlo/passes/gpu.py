@@ -1214,9 +1214,13 @@ def device_llvm_ir(device: ir.Module, target) -> str:
     run_pipeline(device, f"builtin.module(gpu.module(inline, convert-scf-to-cf, expand-strided-metadata, lower-affine, arith-expand, "
                                 f"memref-expand, convert-complex-to-standard), {_to_device(target)}, reconcile-unrealized-casts)",
                  "lowering the kernels to LLVM")
-    gpu_module = device.body.operations[0]
-    body = "\n".join(op.get_asm(enable_debug_info=False, assume_verified=True) for op in gpu_module.regions[0].blocks[0].operations)
-    flat = ir.Module.parse("module {\n" + body + "\n}")
-    contract_float_arithmetic(flat)
-    verify(flat, "translation of the kernels to LLVM IR")
-    return str(translate_module_to_llvmir(flat.operation))
+    gpu_module = device.body.operations[0]  # its functions move out: LLVM IR is translated from a builtin module
+    internal = ir.Attribute.parse("#llvm.linkage<internal>")
+    for op in list(gpu_module.regions[0].blocks[0].operations):
+        if op.name == "llvm.func" and len(op.regions[0].blocks) and "gpu.kernel" not in op.attributes:
+            op.attributes["linkage"] = internal  # a function kernels call goes with each into its part (`targets/codegen.py`)
+        op.move_before(gpu_module)
+    gpu_module.erase()
+    contract_float_arithmetic(device)
+    verify(device, "translation of the kernels to LLVM IR")
+    return str(translate_module_to_llvmir(device.operation))

@@ -1,5 +1,5 @@
-"""LLVM IR -> optimised object code (llvmlite), split between this process and a helper process,
-with kernels cached by structure.
+"""LLVM IR -> optimised object code or PTX (llvmlite), split between this process and a helper
+process, with kernels cached by structure.
 
 llvmlite runs every LLVM call behind one process-wide lock, so a process optimises and generates
 one module at a time, on one core, and that is about 40 % of compiling a model. A module's kernels
@@ -8,13 +8,14 @@ function but the kernels, which it declares), and each kernel alone with only wh
 (`Functions.kernel`). This process and a helper process (this file, run as a script: it imports
 nothing but llvmlite and the standard library) each take the next part as they finish one; the
 parts' objects link into one shared object. Host code that LLVM does not optimise (`optnone`) gets
-the quick code generator.
+the quick code generator. A CUDA module's kernels are parts too, each compiled to PTX
+(`ptx_part`), which `targets/cuda.py` joins.
 
 A kernel's part is named by its structure (`__disc_k_<digest>`: the same loop in another function,
 another model or another process has the same text, whatever its name there), and the link
 defines the kernel's own name as that symbol. Its object is kept in this process, and with
-`DISC_CACHE_DIR` set also on disk (`KernelCache`): a compilation generates code only for kernels
-not seen before.
+`DISC_CACHE_DIR` set also on disk (`KernelCache`; a kernel's PTX and the cubin of a PTX module
+too): a compilation generates code only for kernels not seen before.
 
 The helper starts in the background when the compilation of a module big enough to have several
 kernels starts (`start_helper`), takes work once it has loaded llvmlite (a compilation that finds
@@ -71,6 +72,102 @@ def _libmvec_name(intrinsic: str, vector_bits: int) -> str | None:
     return name if isa is not None and hasattr(_libmvec(), name) else None
 
 
+# MLIR's LLVM (newer than llvmlite's) prints some float constants in forms llvmlite's parser
+# rejects: words (`-inf`, `+qnan`, NaNs with a payload: `+nan(0x123)` quiet, `-snan(0x1)`
+# signalling), raw bits (`f0x3727C5AC`), and shortest decimals that are not exact doubles
+# (`2.326820e-02` for a float). Each is rewritten to the classic hexadecimal form
+# of its type, found as the nearest type word before it on the line (`phi float [ -inf, ...]`).
+# One scan over a line: type words and the line start are matched with the literals, in order;
+# strings (an error message, a GPU image's bytes) are matched whole and left as they are.
+_TOKEN_RE = re.compile(r'(?P<string>"[^"]*")|'  # (LLVM escapes a quote inside a string: \22)
+                       r"(?P<nl>\n[ \t]*(?P<skip>;|!|source_filename|target)?)|\b(?P<type>half|bfloat|float|double)\b"
+                       r"|(?<![\w.%@])(?:f0x(?P<bits>[0-9A-Fa-f]{4}|[0-9A-Fa-f]{8}|[0-9A-Fa-f]{16})"
+                       r"|(?P<word>(?P<sign>[+-]?)(?:inf|(?P<nan>q?nan|snan)(?:\((?P<payload>0x[0-9A-Fa-f]+)\))?))"
+                       r"|(?P<dec>[+-]?\d+\.\d+(?:e[+-]?\d+)?))(?![\w.])")
+
+
+def _hex_literal(value: float, type_name: str) -> str:
+    if type_name == "half":
+        return f"0xH{struct.unpack('<H', struct.pack('<e', value))[0]:04X}"
+    if type_name == "bfloat":
+        return f"0xR{struct.unpack('<I', struct.pack('<f', value))[0] >> 16:04X}"
+    if type_name == "float":  # written as the double it widens to
+        value = struct.unpack("<f", struct.pack("<f", value))[0]
+    return f"0x{struct.unpack('<Q', struct.pack('<d', value))[0]:016X}"
+
+
+# per type: exponent bits all set, the quiet bit, and the sign bit (where the bits of a NaN go)
+_NAN_BITS = {"half": (0x7C00, 0x200, 0x8000), "bfloat": (0x7F80, 0x40, 0x8000), "float": (0x7F800000, 0x400000, 1 << 31),
+             "double": (0x7FF << 52, 1 << 51, 1 << 63)}
+
+
+def _nan_literal(kind: str, sign: str, payload: int, type_name: str) -> str:
+    """A NaN of `type_name` with its sign, quiet or signalling kind and payload, in the classic
+    form (a float as the double it widens to: its 23 mantissa bits on top of the double's 52)."""
+    exponent, quiet, sign_bit = _NAN_BITS[type_name]
+    bits = exponent | (0 if kind == "snan" else quiet) | payload | (sign_bit if sign == "-" else 0)
+    if type_name == "half":
+        return f"0xH{bits:04X}"
+    if type_name == "bfloat":
+        return f"0xR{bits:04X}"
+    if type_name == "float":
+        bits = ((bits >> 31) << 63) | (0x7FF << 52) | ((bits & 0x7FFFFF) << 29)
+    return f"0x{bits:016X}"
+
+
+# where a literal the rewrite may change can start (a superset of _TOKEN_RE's literals): most lines
+# of a module have none, and only the lines that have one are scanned token by token
+_CANDIDATE_RE = re.compile(r"(?<![\w.%@])(?:f0x|[+-]?(?:inf|q?nan|snan)|[+-]?\d+\.\d)")
+
+
+def classic_float_literals(llvm_ir: str) -> str:
+    """Linear in the text: the lines with a candidate literal are rewritten, each token looked at
+    once with the line's last type word so far."""
+    parts, done = [], 0
+    for m in _CANDIDATE_RE.finditer(llvm_ir):
+        if m.start() < done:
+            continue  # on a line already rewritten
+        start = llvm_ir.rfind("\n", 0, m.start()) + 1
+        end = llvm_ir.find("\n", m.end())
+        end = len(llvm_ir) if end < 0 else end
+        parts += [llvm_ir[done:start], _classic_line(llvm_ir[start:end])]
+        done = end
+    parts.append(llvm_ir[done:])
+    return "".join(parts)
+
+
+def _classic_line(line: str) -> str:
+    line_type: list[str | None] = [None]
+    skip_line = [False]
+
+    def sub(m: re.Match) -> str:
+        if m.group("string") is not None:
+            return m.group(0)
+        if m.group("nl") is not None:
+            line_type[0], skip_line[0] = None, m.group("skip") is not None
+            return m.group(0)
+        if m.group("type"):
+            line_type[0] = m.group("type")
+            return m.group(0)
+        last = line_type[0]
+        if skip_line[0]:
+            return m.group(0)
+        if m.group("bits"):  # raw bits: 4 hex digits half or bfloat, 8 float, 16 double
+            bits = m.group("bits")
+            if len(bits) == 4:
+                return ("0xR" if last == "bfloat" else "0xH") + bits.upper()
+            if len(bits) == 16:
+                return "0x" + bits.upper()
+            return _hex_literal(struct.unpack("<f", struct.pack("<I", int(bits, 16)))[0], "double")
+        if last is None or (m.group("dec") and last == "double"):
+            return m.group(0)
+        if m.group("nan"):
+            return _nan_literal(m.group("nan"), m.group("sign"), int(m.group("payload") or "0", 16), last)
+        word = m.group("word") or m.group("dec")
+        return _hex_literal(float(word.replace("q", "")), last)
+    return _TOKEN_RE.sub(sub, "\n" + line)[1:]
+
+
 class LLVMRejected(Exception):
     """LLVM's parser or verifier rejected the module (the message says where)."""
 
@@ -81,11 +178,7 @@ def compile_part(llvm_ir: str, spec: Spec, globals_elsewhere: bool = False) -> t
     triple, cpu, features, vector_bits = spec
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    try:
-        mod = llvm.parse_assembly(llvm_ir)
-        mod.verify()
-    except RuntimeError as e:
-        raise LLVMRejected(str(e)) from None
+    mod = _parse(llvm_ir)
     if globals_elsewhere:
         for value in mod.global_variables:
             if not value.is_declaration and value.linkage not in (llvm.Linkage.private, llvm.Linkage.internal):
@@ -120,6 +213,51 @@ def compile_part(llvm_ir: str, spec: Spec, globals_elsewhere: bool = False) -> t
     return tm.emit_object(mod), uses_libmvec
 
 
+def _parse(llvm_ir: str) -> llvm.ModuleRef:
+    try:
+        mod = llvm.parse_assembly(classic_float_literals(llvm_ir))
+        mod.verify()
+    except RuntimeError as e:
+        raise LLVMRejected(str(e)) from None
+    return mod
+
+
+def ptx_part(llvm_ir: str, spec: Spec, library: bytes) -> tuple[bytes, bool]:
+    """The PTX of one kernel's part (`Functions.kernel`), and False (no libmvec): `library` (the
+    bitcode of device math functions, or empty) linked, everything but the kernel internal,
+    optimised at O3. The part's other functions and globals are named after the kernel's symbol
+    (`<symbol>$<n>`), so that the PTX of several kernels can be concatenated (`targets/cuda.py`)."""
+    triple, cpu, features, _ = spec
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    mod = _parse(llvm_ir)
+    kernel = next(fn.name for fn in mod.functions if fn.name.startswith(KERNEL_STEM))
+    if library:
+        mod.link_in(llvm.parse_bitcode(library))
+    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3)
+    mod.triple = triple
+    mod.data_layout = str(tm.target_data)
+    optimise_device_module(mod, tm, [kernel])
+    own = [v for v in [*mod.functions, *mod.global_variables] if not v.is_declaration and v.name != kernel]
+    for i, v in enumerate(own):
+        v.name = f"{kernel}${i}"
+    return tm.emit_assembly(mod).encode(), False
+
+
+def optimise_device_module(mod: llvm.ModuleRef, tm: llvm.TargetMachine, kernels: list[str]) -> None:
+    """O3 on kernels linked with a device math library: every function and global but the
+    kernels becomes internal, and the library's functions no kernel calls go first, before O3
+    looks at them (libdevice: O3 on the encoder layer's kernels 0.41 -> 0.28 s, the same PTX)."""
+    for v in [*mod.functions, *mod.global_variables]:
+        if not v.is_declaration and v.name not in kernels:
+            v.linkage = llvm.Linkage.internal
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    unused = llvm.create_new_module_pass_manager()
+    unused.add_global_dead_code_eliminate_pass()
+    unused.run(mod, pb)
+    pb.getModulePassManager().run(mod, pb)
+
+
 def codegen_level(mod: llvm.ModuleRef) -> int:
     """3 for code LLVM optimises; 0 (the quick instruction selection and register allocation) for
     a module whose functions are all left unoptimised (`optnone`: straight-line host code),
@@ -135,6 +273,7 @@ _DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
 _REFERENCE = re.compile(r'@"([^"]*)"|@([-\w.$]+)|#(\d+)\b|!(\d+)\b|c?"(?:[^"\\]|\\.)*"')
 _ITEM = re.compile(r'(?:@"?([^" =]+)"? = |(?:declare|define) [^@]*@"?([^"(]+)"?\(|attributes #(\d+) = |!(\d+) = |(![-\w.]+) = )')
 KERNEL_STEM = "__disc_k_"
+_LOCAL_GLOBAL = re.compile(r'@"?[^" =]+"? = (?:private|internal) ')
 
 
 class Functions:
@@ -163,10 +302,11 @@ class Functions:
         return "".join(declaration if name in elsewhere else text for name, text, declaration in self.pieces)
 
     @functools.cached_property
-    def _items(self) -> tuple[dict[str, str], list[str]]:
+    def _items(self) -> tuple[dict[str, str], list[str], set[str]]:
         """What a function may refer to, by reference ("@name", "#N", "!N"): global definitions,
         declarations (of the module's defined functions too), local function definitions,
-        attribute groups and metadata nodes; and the named metadata (`!llvm.module.flags`)."""
+        attribute groups and metadata nodes; the named metadata (`!llvm.module.flags`); and the
+        private or internal global variables among them."""
         items: dict[str, str] = {}
         named: list[str] = []
         for name, text, declaration in self.pieces:
@@ -185,14 +325,15 @@ class Functions:
                     named.append(statement)
                 else:
                     items[f"@{glob or function}" if glob or function else f"#{group}" if group else f"!{node}"] = statement
-        return items, named
+        return items, named, {ref for ref, statement in items.items() if _LOCAL_GLOBAL.match(statement)}
 
     def kernel(self, name: str) -> tuple[str, str]:
         """(symbol, text): the function `name` alone, with what it refers to (transitively: globals,
         declarations, local functions, attribute groups, metadata), its attribute groups and
-        metadata numbered in the order they appear and itself named `__disc_k_<digest of that
-        text>`: a kernel of the same structure has the same symbol and text in any module."""
-        items, named = self._items
+        metadata numbered in the order they appear, its private and internal globals named
+        `<symbol>$<n>` in that order, and itself named `__disc_k_<digest of that text>`: a kernel of
+        the same structure has the same symbol and text in any module."""
+        items, named, local = self._items
         body = self.definitions[name].rstrip("\n")
         found: dict[str, str] = {}
         todo = [body, *named]
@@ -213,13 +354,15 @@ class Functions:
             quoted, plain, group, node = m.groups()
             if (quoted or plain) == name:
                 return f"@{KERNEL_STEM}"
+            if f"@{quoted or plain}" in local:  # its own globals (a GPU kernel's shared memory is named after it)
+                return numbers.setdefault(f"@{quoted or plain}", f"@{KERNEL_STEM}${sum(k[0] == '@' for k in numbers)}")
             if group or node:
                 key = f"#{group}" if group else f"!{node}"
                 return numbers.setdefault(key, f"{key[0]}{sum(k[0] == key[0] for k in numbers)}")
             return m.group(0)
         text = _REFERENCE.sub(canonical, text)
         symbol = KERNEL_STEM + hashlib.sha256(text.encode()).hexdigest()[:24]
-        return symbol, re.sub(rf"@{KERNEL_STEM}(?![-\w.$])", f"@{symbol}", text)
+        return symbol, re.sub(rf"@{KERNEL_STEM}(?=\$\d|(?![-\w.$]))", f"@{symbol}", text)
 
 
 class _Helper:
@@ -366,6 +509,23 @@ class KernelCache:
 kernel_cache = KernelCache()
 
 
+class KernelParts:
+    """A module's kernels as parts named by their structure (`Functions.kernel`), and the code
+    `kernel_cache` has for them; `store` gives it the code compiled for the `missing` ones."""
+
+    def __init__(self, functions: Functions, kernels: list[str], spec: Spec, salt: bytes) -> None:
+        self.symbols = {k: functions.kernel(k) for k in dict.fromkeys(kernels)}  # kernel -> (symbol, text)
+        self.texts = dict(self.symbols.values())  # symbol -> text: kernels of one structure compile once
+        self.keys = {symbol: KernelCache.key(salt, spec, text) for symbol, text in self.texts.items()}
+        self.code = {symbol: kernel_cache.get(key) for symbol, key in self.keys.items()}
+        self.missing = sorted((s for s, code in self.code.items() if code is None), key=lambda s: -len(self.texts[s]))  # the largest first
+
+    def store(self, compiled: list[tuple[bytes, bool]]) -> None:
+        for symbol, result in zip(self.missing, compiled):
+            kernel_cache.put(self.keys[symbol], result)
+            self.code[symbol] = result
+
+
 def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str], salt: bytes) -> tuple[list[bytes], bool, dict[str, str]]:
     """Object files for the module: the host code's, and one per distinct kernel structure (from
     `kernel_cache` where it has it); whether they call libmvec; and each kernel's symbol in those
@@ -373,41 +533,40 @@ def emit_objects(llvm_ir: str, spec: Spec, kernels: list[str], salt: bytes) -> t
     `KernelCache.key`."""
     functions = Functions(llvm_ir)
     defined = [k for k in dict.fromkeys(kernels) if k in functions.definitions]
-    symbols = {k: functions.kernel(k) for k in defined}
-    texts = dict(symbols.values())  # symbol -> text: kernels of one structure compile once
-    keys = {symbol: KernelCache.key(salt, spec, text) for symbol, text in texts.items()}
-    found = {symbol: kernel_cache.get(key) for symbol, key in keys.items()}
-    missing = sorted((s for s, obj in found.items() if obj is None), key=lambda s: -len(texts[s]))  # the largest first
-    jobs = [(functions.text(frozenset(defined)), False)] + [(texts[s], True) for s in missing]
-    host, *compiled = _compile(jobs, spec)
-    for symbol, result in zip(missing, compiled):
-        kernel_cache.put(keys[symbol], result)
-        found[symbol] = result
-    done = [host, *found.values()]
-    return [obj for obj, _ in done], any(libmvec for _, libmvec in done), {k: symbol for k, (symbol, _) in symbols.items()}
+    parts = KernelParts(functions, defined, spec, salt)
+    jobs = [("object", (functions.text(frozenset(defined)), spec, False))] + [("object", (parts.texts[s], spec, True)) for s in parts.missing]
+    host, *compiled = compile_parts(jobs)
+    parts.store(compiled)
+    done = [host, *parts.code.values()]
+    return [obj for obj, _ in done], any(libmvec for _, libmvec in done), {k: symbol for k, (symbol, _) in parts.symbols.items()}
 
 
-def _compile(jobs: list[tuple[str, bool]], spec: Spec) -> list[tuple[bytes, bool]]:
-    """`compile_part` of each (text, globals elsewhere), here and in the helper when it is ready
-    and there are several."""
+def _run_part(kind: str, args: tuple) -> tuple[bytes, bool]:
+    """One job of `compile_parts`: "object" (`compile_part`) or "ptx" (`ptx_part`)."""
+    return compile_part(*args) if kind == "object" else ptx_part(*args)
+
+
+def compile_parts(jobs: list[tuple[str, tuple]]) -> list[tuple[bytes, bool]]:
+    """Each (kind, arguments) job (`_run_part`) run here, and in the helper when it is ready and
+    there are several."""
     helper = ready_helper() if len(jobs) >= 2 else None
-    queue = collections.deque((i, text, elsewhere) for i, (text, elsewhere) in enumerate(jobs))
+    queue = collections.deque((i, *job) for i, job in enumerate(jobs))
     done: dict[int, tuple[bytes, bool]] = {}
     rejected: list[str] = []
     if helper is None or not helper.lock.acquire(blocking=False):
-        _drain(queue, spec, done, rejected)
+        _drain(queue, done, rejected)
     else:
         try:
-            feeder = threading.Thread(target=_feed, args=(helper, spec, queue, done, rejected))
+            feeder = threading.Thread(target=_feed, args=(helper, queue, done, rejected))
             feeder.start()
             try:
-                _drain(queue, spec, done, rejected)
+                _drain(queue, done, rejected)
             except BaseException:
                 queue.clear()  # the feeder stops at its next part
                 raise
             finally:
                 feeder.join()
-            _drain(queue, spec, done, rejected)  # parts the helper gave back (it died)
+            _drain(queue, done, rejected)  # parts the helper gave back (it died)
         finally:
             helper.lock.release()
     if rejected:
@@ -415,28 +574,28 @@ def _compile(jobs: list[tuple[str, bool]], spec: Spec) -> list[tuple[bytes, bool
     return [done[i] for i in range(len(jobs))]
 
 
-def _drain(queue: collections.deque, spec: Spec, done: dict, rejected: list) -> None:
+def _drain(queue: collections.deque, done: dict, rejected: list) -> None:
     """Compiles parts here until none is left or the helper has had one rejected (`deque.popleft`
     is atomic: the helper's feeder takes from the same queue)."""
     while not rejected:
         try:
-            i, text, elsewhere = queue.popleft()
+            i, kind, args = queue.popleft()
         except IndexError:
             return
-        done[i] = compile_part(text, spec, elsewhere)
+        done[i] = _run_part(kind, args)
 
 
-def _feed(helper: _Helper, spec: Spec, queue: collections.deque, done: dict, rejected: list) -> None:
+def _feed(helper: _Helper, queue: collections.deque, done: dict, rejected: list) -> None:
     """Hands the helper the next part until none is left; a part it cannot take (it died) goes
     back to the queue for this process."""
     while not rejected:
         try:
-            i, text, elsewhere = queue.popleft()
+            i, kind, args = queue.popleft()
         except IndexError:
             return
-        status, *result = _ask(helper, (text, spec, elsewhere))
+        status, *result = _ask(helper, (kind, args))
         if status == "failed":
-            queue.append((i, text, elsewhere))
+            queue.append((i, kind, args))
             return
         if status == "rejected":
             rejected.append(result[0])
@@ -463,7 +622,7 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            reply = ("ok", *compile_part(*request))
+            reply = ("ok", *_run_part(*request))
         except LLVMRejected as e:
             reply = ("rejected", str(e))
         data = pickle.dumps(reply)

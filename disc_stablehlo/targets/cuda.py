@@ -1,5 +1,5 @@
-"""CUDA back end: the kernels' LLVM IR (NVVM) -> PTX (llvmlite, libdevice linked for the
-`__nv_*` math functions) -> cubin (`ptxas`, where installed; the PTX is kept too, for the
+"""CUDA back end: the kernels' LLVM IR (NVVM) -> PTX (llvmlite, each kernel alone and cached by
+structure: `codegen.ptx_part`, libdevice linked for the `__nv_*` math functions; then joined) -> cubin (`ptxas`, where installed; the PTX is kept too, for the
 driver to compile when the cubin does not fit the GPU), embedded in the host object as data the
 launch code passes to the RAL (`passes/gpu.py`)."""
 
@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import glob
+import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -16,8 +18,7 @@ import llvmlite.binding as llvm
 
 from ..errors import CompileError
 from ..passes.gpu import IMAGE, IMAGE_SIZE, PTX
-from . import Target
-from .x86 import _classic_float_literals
+from . import Target, codegen
 
 
 @functools.cache
@@ -45,36 +46,59 @@ def ptxas_path() -> str | None:
         (p for p in ("/usr/local/cuda/bin/ptxas",) if os.path.exists(p)), None)
 
 
+# the libdevice functions a kernel's LLVM IR declares
+_LIBDEVICE_CALL = re.compile(r"^declare [^@]*@(__nv_\w+)\(", re.M)
+
+
 def emit_ptx(device_ir: str, target: Target, kernels: list[str]) -> str:
-    """PTX of the kernels: libdevice linked, everything but the kernels internal, optimised at O3."""
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
+    """PTX of the kernels: each kernel compiled alone (`codegen.ptx_part`: libdevice linked for
+    the `__nv_*` math functions, optimised at O3) in this process and the code generation helper,
+    or taken from `codegen.kernel_cache` (kernels of the same structure, in any function, have the
+    same PTX), then concatenated under one header with each kernel's symbol replaced by its name;
+    empty without kernels."""
+    spec = (target.triple, target.cpu, target.features, 0)
+    parts = codegen.KernelParts(codegen.Functions(device_ir), kernels, spec, _salt())
+    needed = sorted({f for s in parts.missing for f in _LIBDEVICE_CALL.findall(parts.texts[s])})
+    library = _libdevice_subset(tuple(needed)) if needed else b""
     try:
-        mod = llvm.parse_assembly(_classic_float_literals(device_ir))
-        mod.verify()
-    except RuntimeError as e:
+        parts.store(codegen.compile_parts([("ptx", (parts.texts[s], spec, library)) for s in parts.missing]))
+    except codegen.LLVMRejected as e:
         raise CompileError(f"LLVM rejected the generated kernels: {e}") from None
+    texts = [parts.code[symbol][0].decode().replace(symbol, name) for name, (symbol, _) in parts.symbols.items()]
+    return "".join(t if i == 0 else t[_HEADER.search(t).end():] for i, t in enumerate(texts))
+
+
+# the end of a PTX module's header (`.version`, `.target`, `.address_size`), the same in every part
+_HEADER = re.compile(r"^\.address_size \d+\n", re.M)
+
+
+@functools.cache
+def _salt() -> bytes:
+    """What decides a kernel's PTX besides its text and the target: the compiler's build and libdevice."""
+    from ..cache import build_digest
+
     with open(libdevice_path(), "rb") as f:
-        mod.link_in(llvm.parse_bitcode(f.read()))
-    for fn in mod.functions:
-        if not fn.is_declaration and fn.name not in kernels:
+        return build_digest() + hashlib.sha256(f.read()).digest()
+
+
+@functools.cache
+def _libdevice_subset(functions: tuple[str, ...]) -> bytes:
+    """Bitcode of libdevice's `functions` and what they call, the rest dropped: linked into each
+    kernel's part, it costs little, where the whole library (464 kB) took 50-60 ms a kernel."""
+    llvm.initialize_all_targets()
+    with open(libdevice_path(), "rb") as f:
+        lib = llvm.parse_bitcode(f.read())
+    missing = sorted(set(functions) - {fn.name for fn in lib.functions if not fn.is_declaration})
+    if missing:
+        raise CompileError(f"{libdevice_path()} does not define {', '.join(missing)}")
+    for fn in lib.functions:
+        if not fn.is_declaration and fn.name not in functions:
             fn.linkage = llvm.Linkage.internal
-    tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.cpu, features=target.features, opt=3)
-    mod.triple = target.triple
-    mod.data_layout = str(tm.target_data)
-    optimise_device_module(mod, tm)
-    return tm.emit_assembly(mod)
-
-
-def optimise_device_module(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
-    """O3 on kernels linked with a device math library whose other functions are internal: the
-    library's functions no kernel calls go first, before O3 looks at them (libdevice: O3 on the
-    encoder layer's kernels 0.41 -> 0.28 s, the same PTX)."""
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     unused = llvm.create_new_module_pass_manager()
     unused.add_global_dead_code_eliminate_pass()
-    unused.run(mod, pb)
-    pb.getModulePassManager().run(mod, pb)
+    tm = llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine()
+    unused.run(lib, llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options()))
+    return lib.as_bitcode()
 
 
 @functools.cache
@@ -85,11 +109,26 @@ def _parallel_option(ptxas: str) -> list[str]:
     return ["-split-compile=0"] if "split-compile" in proc.stdout else []
 
 
+@functools.cache
+def _ptxas_version(ptxas: str) -> str:
+    return subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
+
+
 def assemble(ptx: str, target: Target) -> bytes | None:
-    """The cubin for the target's GPU (`ptxas`), or None where ptxas is not installed."""
+    """The cubin for the target's GPU (`ptxas`, or `codegen.kernel_cache` when it has the cubin
+    of the same PTX), or None where ptxas is not installed."""
     ptxas = ptxas_path()
     if ptxas is None:
         return None
+    key = codegen.KernelCache.key(_salt(), ("ptxas", target.cpu, _ptxas_version(ptxas)), ptx)
+    cached = codegen.kernel_cache.get(key)
+    if cached is None:
+        cached = (_run_ptxas(ptxas, ptx, target), False)
+        codegen.kernel_cache.put(key, cached)
+    return cached[0]
+
+
+def _run_ptxas(ptxas: str, ptx: str, target: Target) -> bytes:
     with tempfile.TemporaryDirectory(prefix="disc-ptx-") as tmp:
         src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(src, "w") as f:
@@ -123,8 +162,8 @@ def image_module(image: bytes | None, ptx: str | None) -> str:
 
 
 def device_image(device_ir: str, target: Target, kernels: list[str]) -> tuple[str, str, bytes | None]:
-    """The kernels compiled: the image module (`image_module`: the cubin and the PTX), the PTX
-    and the cubin."""
+    """The kernels compiled: the image module (`image_module`: the cubin and the PTX; neither
+    without kernels), the PTX and the cubin."""
     ptx = emit_ptx(device_ir, target, kernels)
-    cubin = assemble(ptx, target)
-    return image_module(cubin, ptx), ptx, cubin
+    cubin = assemble(ptx, target) if ptx else None
+    return image_module(cubin, ptx or None), ptx, cubin

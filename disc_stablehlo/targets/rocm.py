@@ -23,8 +23,8 @@ import llvmlite.binding as llvm
 
 from ..errors import CompileError
 from . import Target
-from .cuda import image_module, optimise_device_module
-from .x86 import _classic_float_literals
+from .codegen import classic_float_literals, optimise_device_module
+from .cuda import image_module
 
 # ockl's work-group size and count of a dim, read from the HSA dispatch packet (work-group sizes:
 # 16-bit at offset 4; grid sizes in work-items: 32-bit at offset 12)
@@ -131,7 +131,7 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
     """The kernels as a loadable code object for the target's GPU."""
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
-    text = _classic_float_literals(device_ir)
+    text = classic_float_literals(device_ir)
     defined_here = r"__ockl_get_\w+" if target.math_library else r"__ockl_get_\w+|__ocml_\w+"
     text = re.sub(rf"^declare [^@]*@({defined_here})\(.*\n", "", text, flags=re.M) + _device_library(text, target)
     if "amdhsa_code_object_version" not in text:
@@ -150,16 +150,10 @@ def emit_hsaco(device_ir: str, target: Target, kernels: list[str]) -> bytes:
         missing = sorted(fn.name for fn in mod.functions if fn.is_declaration and not fn.name.startswith("llvm."))
         if missing:
             raise CompileError(f"{target.math_library} does not define {', '.join(missing)}")
-    for fn in mod.functions:
-        if not fn.is_declaration and fn.name not in kernels:
-            fn.linkage = llvm.Linkage.internal
-    for g in mod.global_variables:
-        if not g.is_declaration:
-            g.linkage = llvm.Linkage.internal
     tm = llvm.Target.from_triple(target.triple).create_target_machine(cpu=target.cpu, features=target.features, opt=3, reloc="pic")
     mod.triple = target.triple
     mod.data_layout = str(tm.target_data)
-    optimise_device_module(mod, tm)
+    optimise_device_module(mod, tm, kernels)
     obj = tm.emit_object(mod)
     with tempfile.TemporaryDirectory(prefix="disc-hsaco-") as tmp:
         src, out = os.path.join(tmp, "k.o"), os.path.join(tmp, "k.hsaco")
