@@ -3,6 +3,7 @@ object -> `.disc` file. MLIR and LLVM are loaded here, never on the run-time sid
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -37,14 +38,18 @@ def build_artifact(imported: Any, constraints: Sequence[str], tgt: Target, buffe
     mlir_support.stage_listener("LLVM code generation")
     image_ir, device = None, {}
     kernel_names = [k.name for k in lowered.kernels]
-    if tgt.kind == "cuda":  # the kernels' PTX and cubin (or HSACO) become data of an object of their own
-        image_ir, ptx, cubin = cuda.device_image(lowered.device_llvm_ir, tgt, kernel_names)
-        device = {"ptx_bytes": len(ptx), "cubin_bytes": len(cubin or b"")}
-    elif tgt.kind == "rocm":
+    host = host_code_target(tgt)
+    if tgt.kind == "rocm":  # the kernels' code object (or PTX and cubin) become data of an object of their own
         image_ir, hsaco = rocm.device_image(lowered.device_llvm_ir, tgt, kernel_names)
         device = {"hsaco_bytes": len(hsaco)}
-    host = host_code_target(tgt)
-    objects, libmvec, aliases = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
+        if tgt.kind == "cuda":  # ptxas makes the cubin while the host code is generated
+            ptx = cuda.emit_ptx(lowered.device_llvm_ir, tgt, kernel_names)
+            cubin = background.submit(cuda.assemble, ptx, tgt) if ptx else None
+        objects, libmvec, aliases = emit_objects(lowered.llvm_ir, host, kernel_names if tgt.kind == "cpu" else [])
+        if tgt.kind == "cuda":
+            cubin = cubin.result() if cubin else None
+            image_ir, device = cuda.image_module(cubin, ptx or None), {"ptx_bytes": len(ptx), "cubin_bytes": len(cubin or b"")}
     if image_ir is not None:
         objects.append(image_object(image_ir, host))
     start = mlir_support.add_seconds("LLVM code generation", start)  # (GPU targets: the device code's too)

@@ -116,8 +116,9 @@ def _nan_literal(kind: str, sign: str, payload: int, type_name: str) -> str:
 
 
 # where a literal the rewrite may change can start (a superset of _TOKEN_RE's literals): most lines
-# of a module have none, and only the lines that have one are scanned token by token
-_CANDIDATE_RE = re.compile(r"(?<![\w.%@])(?:f0x|[+-]?(?:inf|q?nan|snan)|[+-]?\d+\.\d)")
+# of a module have none, and only the lines that have one are scanned token by token; strings are
+# matched whole, to be passed over at once
+_CANDIDATE_RE = re.compile(r'"[^"]*"|(?<![\w.%@])(?:f0x|[+-]?(?:inf|q?nan|snan)|[+-]?\d+\.\d)')
 
 
 def classic_float_literals(llvm_ir: str) -> str:
@@ -125,8 +126,8 @@ def classic_float_literals(llvm_ir: str) -> str:
     once with the line's last type word so far."""
     parts, done = [], 0
     for m in _CANDIDATE_RE.finditer(llvm_ir):
-        if m.start() < done:
-            continue  # on a line already rewritten
+        if m.start() < done or m.group(0)[0] == '"':
+            continue  # on a line already rewritten, or a string
         start = llvm_ir.rfind("\n", 0, m.start()) + 1
         end = llvm_ir.find("\n", m.end())
         end = len(llvm_ir) if end < 0 else end

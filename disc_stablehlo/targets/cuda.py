@@ -159,11 +159,3 @@ def image_module(image: bytes | None, ptx: str | None) -> str:
         f"define ptr @{IMAGE}() {{\n  ret ptr {'@__disc_gpu_image_data' if image else 'null'}\n}}",
         f"define i64 @{IMAGE_SIZE}() {{\n  ret i64 {len(image or b'')}\n}}",
         f"define ptr @{PTX}() {{\n  ret ptr {'@__disc_gpu_ptx_data' if ptx else 'null'}\n}}"]) + "\n"
-
-
-def device_image(device_ir: str, target: Target, kernels: list[str]) -> tuple[str, str, bytes | None]:
-    """The kernels compiled: the image module (`image_module`: the cubin and the PTX; neither
-    without kernels), the PTX and the cubin."""
-    ptx = emit_ptx(device_ir, target, kernels)
-    cubin = assemble(ptx, target) if ptx else None
-    return image_module(cubin, ptx or None), ptx, cubin
