@@ -232,14 +232,16 @@ def ptx_part(llvm_ir: str, spec: Spec, library: bytes) -> tuple[bytes, bool]:
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     mod = _parse(llvm_ir)
-    kernel = next(fn.name for fn in mod.functions if fn.name.startswith(KERNEL_STEM))
+    kernel = next(fn.name for fn in mod.functions if fn.name.startswith(KERNEL_STEM) and fn.linkage == llvm.Linkage.external
+                  and not fn.is_declaration)
     if library:
         mod.link_in(llvm.parse_bitcode(library))
     tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=3)
     mod.triple = triple
     mod.data_layout = str(tm.target_data)
     optimise_device_module(mod, tm, [kernel])
-    own = [v for v in [*mod.functions, *mod.global_variables] if not v.is_declaration and v.name != kernel]
+    own = [v for v in [*mod.functions, *mod.global_variables] if not v.is_declaration and v.name != kernel
+           and not v.name.startswith("llvm.")]
     for i, v in enumerate(own):
         v.name = f"{kernel}${i}"
     return tm.emit_assembly(mod).encode(), False
@@ -250,7 +252,7 @@ def optimise_device_module(mod: llvm.ModuleRef, tm: llvm.TargetMachine, kernels:
     kernels becomes internal, and the library's functions no kernel calls go first, before O3
     looks at them (libdevice: O3 on the encoder layer's kernels 0.41 -> 0.28 s, the same PTX)."""
     for v in [*mod.functions, *mod.global_variables]:
-        if not v.is_declaration and v.name not in kernels:
+        if not v.is_declaration and v.name not in kernels and not v.name.startswith("llvm."):  # (not `llvm.used`)
             v.linkage = llvm.Linkage.internal
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
     unused = llvm.create_new_module_pass_manager()
@@ -274,7 +276,7 @@ _DEFINE = re.compile(r'^define [^@]*@"?([^"(]+)"?\(', re.M)
 _REFERENCE = re.compile(r'@"([^"]*)"|@([-\w.$]+)|#(\d+)\b|!(\d+)\b|c?"(?:[^"\\]|\\.)*"')
 _ITEM = re.compile(r'(?:@"?([^" =]+)"? = |(?:declare|define) [^@]*@"?([^"(]+)"?\(|attributes #(\d+) = |!(\d+) = |(![-\w.]+) = )')
 KERNEL_STEM = "__disc_k_"
-_LOCAL_GLOBAL = re.compile(r'@"?[^" =]+"? = (?:private|internal) ')
+_LOCAL = re.compile(r'(?:@"?[^" =]+"? = |define )(?:private|internal) ')  # a local global or function
 
 
 class Functions:
@@ -307,7 +309,7 @@ class Functions:
         """What a function may refer to, by reference ("@name", "#N", "!N"): global definitions,
         declarations (of the module's defined functions too), local function definitions,
         attribute groups and metadata nodes; the named metadata (`!llvm.module.flags`); and the
-        private or internal global variables among them."""
+        private or internal globals and functions among them."""
         items: dict[str, str] = {}
         named: list[str] = []
         for name, text, declaration in self.pieces:
@@ -326,13 +328,13 @@ class Functions:
                     named.append(statement)
                 else:
                     items[f"@{glob or function}" if glob or function else f"#{group}" if group else f"!{node}"] = statement
-        return items, named, {ref for ref, statement in items.items() if _LOCAL_GLOBAL.match(statement)}
+        return items, named, {ref for ref, statement in items.items() if _LOCAL.match(statement)}
 
     def kernel(self, name: str) -> tuple[str, str]:
         """(symbol, text): the function `name` alone, with what it refers to (transitively: globals,
         declarations, local functions, attribute groups, metadata), its attribute groups and
-        metadata numbered in the order they appear, its private and internal globals named
-        `<symbol>$<n>` in that order, and itself named `__disc_k_<digest of that text>`: a kernel of
+        metadata numbered in the order they appear, its private and internal globals and functions
+        named `<symbol>$<n>` in that order, and itself named `__disc_k_<digest of that text>`: a kernel of
         the same structure has the same symbol and text in any module."""
         items, named, local = self._items
         body = self.definitions[name].rstrip("\n")
@@ -355,7 +357,7 @@ class Functions:
             quoted, plain, group, node = m.groups()
             if (quoted or plain) == name:
                 return f"@{KERNEL_STEM}"
-            if f"@{quoted or plain}" in local:  # its own globals (a GPU kernel's shared memory is named after it)
+            if f"@{quoted or plain}" in local:  # its own globals and functions (a GPU kernel's shared memory is named after it)
                 return numbers.setdefault(f"@{quoted or plain}", f"@{KERNEL_STEM}${sum(k[0] == '@' for k in numbers)}")
             if group or node:
                 key = f"#{group}" if group else f"!{node}"
