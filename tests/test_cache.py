@@ -179,7 +179,7 @@ def test_kernels_compile_once_per_structure_across_functions_and_processes(tmp_p
     assert all(codegen.kernel_cache.get(p.stem) is not None for p in files)
 
 
-_MODULE = """@msg = internal constant [9 x i8] c"#1 !2 @k\\00"
+_MODULE = """@MSG = internal constant [9 x i8] c"#1 !2 @k\\00"
 declare float @llvm.exp.f32(float) #ATTR
 declare void @other(ptr)
 define void @NAME(ptr %0, i64 %1) {
@@ -189,7 +189,7 @@ define void @NAME(ptr %0, i64 %1) {
   %5 = load float, ptr %0, align 4
   %6 = call float @llvm.exp.f32(float %5)
   store float %6, ptr %0, align 4
-  call void @other(ptr @msg)
+  call void @other(ptr @MSG)
   %7 = add i64 %4, CONSTANT
   %8 = icmp slt i64 %7, %1
   br i1 %8, label %3, label %9, !llvm.loop !LOOP
@@ -208,22 +208,24 @@ attributes #ATTR = { nounwind }
 """
 
 
-def _kernel_module(name: str, attr: int, loop: int, constant: int = 1) -> str:
-    return (_MODULE.replace("NAME", name).replace("#ATTR", f"#{attr}").replace("!LOOP", f"!{loop}")
+def _kernel_module(name: str, attr: int, loop: int, constant: int = 1, message: str = "msg") -> str:
+    return (_MODULE.replace("NAME", name).replace("MSG", message).replace("#ATTR", f"#{attr}").replace("!LOOP", f"!{loop}")
             .replace("!INTERLEAVE", f"!{loop + 1}").replace("CONSTANT", str(constant)))
 
 
 def test_a_kernel_is_named_by_its_structure():
     """A kernel's part holds the kernel and what it refers to (a global, declarations, its loop's
     metadata, attribute groups), numbered in the order they appear: the same loop under another
-    name in another module (other numbers for its attributes and metadata) has the same symbol and
-    text; another constant, another symbol. Strings keep their text, and the part compiles alone."""
+    name in another module (other numbers for its attributes and metadata, another name for its
+    internal global, as a GPU kernel's shared memory is named after the kernel) has the same symbol
+    and text; another constant, another symbol. Strings keep their text, and the part compiles alone."""
     import llvmlite.binding as llvm
 
     from disc_stablehlo.targets import codegen
 
     symbol, text = codegen.Functions(_kernel_module("k1", 0, 1)).kernel("k1")
-    assert codegen.Functions(_kernel_module("__disc_par_7", 3, 5)).kernel("__disc_par_7") == (symbol, text)
+    assert codegen.Functions(_kernel_module("__disc_par_7", 3, 5, message="msg_of_7")).kernel("__disc_par_7") == (symbol, text)
+    assert f"@{symbol}$0 = internal constant" in text and "@msg" not in text
     other, _ = codegen.Functions(_kernel_module("k1", 0, 1, constant=2)).kernel("k1")
     assert symbol.startswith(codegen.KERNEL_STEM) and other != symbol
     assert 'c"#1 !2 @k' in text and "@main" not in text and "@k1" not in text
