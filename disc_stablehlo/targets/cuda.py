@@ -91,13 +91,7 @@ def _libdevice_subset(functions: tuple[str, ...]) -> bytes:
     missing = sorted(set(functions) - {fn.name for fn in lib.functions if not fn.is_declaration})
     if missing:
         raise CompileError(f"{libdevice_path()} does not define {', '.join(missing)}")
-    for fn in lib.functions:
-        if not fn.is_declaration and fn.name not in functions:
-            fn.linkage = llvm.Linkage.internal
-    unused = llvm.create_new_module_pass_manager()
-    unused.add_global_dead_code_eliminate_pass()
-    tm = llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine()
-    unused.run(lib, llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options()))
+    codegen.keep_only(lib, llvm.Target.from_triple("nvptx64-nvidia-cuda").create_target_machine(), functions)
     return lib.as_bitcode()
 
 
