@@ -702,6 +702,63 @@ def test_unbounded_dim_compiles():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+class Tagger(torch.nn.Module):
+    """A sequence tagger: embeddings, a recurrent layer, a classifier; `layer` given its initial
+    states by the caller (`states`) or starting from zeros."""
+
+    def __init__(self, layer: torch.nn.Module, states: bool):
+        super().__init__()
+        self.emb, self.layer, self.states = torch.nn.Embedding(50, 8), layer, states
+        self.out = torch.nn.Linear(layer.hidden_size * (2 if layer.bidirectional else 1) if not getattr(layer, "proj_size", 0)
+                                   else layer.proj_size * (2 if layer.bidirectional else 1), 5)
+
+    def forward(self, tokens, *states):
+        x = self.emb(tokens)
+        if not self.layer.batch_first:
+            x = x.transpose(0, 1)
+        y, last = self.layer(x, (states if len(states) > 1 else states[0]) if states else None)
+        if not self.layer.batch_first:
+            y = y.transpose(0, 1)
+        return (self.out(y).log_softmax(-1), *(last if isinstance(last, tuple) else (last,)))
+
+
+RECURRENT = [
+    ("lstm", lambda: torch.nn.LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True), False),
+    ("lstm_projected_given_states", lambda: torch.nn.LSTM(8, 16, num_layers=2, proj_size=6, bidirectional=True), True),
+    ("gru_without_biases", lambda: torch.nn.GRU(8, 12, bias=False, bidirectional=True), False),
+    ("gru_given_state", lambda: torch.nn.GRU(8, 12, num_layers=2, batch_first=True), True),
+    ("rnn_relu", lambda: torch.nn.RNN(8, 12, nonlinearity="relu", batch_first=True), False),
+    ("rnn_tanh", lambda: torch.nn.RNN(8, 12, num_layers=3), True),
+]
+
+
+@pytest.mark.parametrize("name, make, states", RECURRENT, ids=[r[0] for r in RECURRENT])
+def test_recurrent_layers_run_over_sequences_of_any_length(name, make, states):
+    """nn.LSTM, nn.GRU and nn.RNN, which torch.export unrolls over the sequence (a fixed length),
+    compiled once for any batch and sequence length (a loop over the sequence); several layers,
+    both directions, LSTM's projection, no biases, initial states from the caller or zeros; the
+    output and every final state as eager's, from a sequence of 1 on. torch's own `_VF` calls
+    are its own again after the export."""
+    torch.manual_seed(1)
+    layer = make().eval()
+    model = Tagger(layer, states).eval()
+    lstm = isinstance(layer, torch.nn.LSTM)
+    size = layer.proj_size or layer.hidden_size if lstm else layer.hidden_size
+    count = layer.num_layers * (2 if layer.bidirectional else 1)
+
+    def inputs(b, s):
+        given = [torch.randn(count, b, size)] + ([torch.randn(count, b, layer.hidden_size)] if lstm else []) if states else []
+        return (torch.randint(0, 50, (b, s)), *given)
+    batch = Dim("batch", max=64)
+    spec = {"tokens": {0: batch, 1: Dim("seq", max=1000)}, **({"states": ({1: batch},) * (1 + lstm)} if states else {})}
+    compiled = disc.compile(model, inputs(2, 7), dynamic_shapes=spec)
+    assert not {"lstm", "gru", "rnn_tanh", "rnn_relu"} & set(vars(torch._VF))
+    for b, s in [(1, 1), (3, 17), (5, 4)]:
+        args = inputs(b, s)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-5, atol=1e-5)
+
+
 class Histogram(torch.nn.Module):
     def __init__(self, bins: int, lo: float, hi: float):
         super().__init__()

@@ -13,6 +13,8 @@ import math
 import os
 import re
 import sys
+import threading
+import warnings
 from typing import Any, Callable
 
 import ml_dtypes
@@ -569,6 +571,98 @@ def check_op() -> Any:
             raise RuntimeError(message)
     torch.fx.node.has_side_effect(torch.ops.disc.check.default)
     return torch.ops.disc.check.default
+
+
+# ATen's recurrent layers (`_VF` functions: nn.LSTM, nn.GRU and nn.RNN call them), which torch.export
+# unrolls over the sequence (so its length would be fixed): ours while a program is exported
+RECURRENT_MODES = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+
+@functools.cache
+def recurrent_ops() -> tuple[Any, Any]:
+    """`disc::lstm(input, hx [h, c], params, has_biases, num_layers, bidirectional, batch_first)
+    -> (output, h_n, c_n)` and `disc::rnn(input, hx, params, ..., batch_first, mode) -> (output,
+    h_n)` (mode "gru", "rnn_tanh" or "rnn_relu"): ATen's recurrent layers in inference (no dropout)
+    with their arguments, over a sequence of any length. The compiler writes them as a loop over
+    the sequence (torch_ops.py); declared like `grouped_mm_op`, with ATen's kernels for the same use."""
+    import torch
+
+    aten = torch._C._VariableFunctions
+    torch.library.define("disc::lstm", "(Tensor input, Tensor[] hx, Tensor[] params, bool has_biases, int num_layers, "
+                         "bool bidirectional, bool batch_first) -> (Tensor, Tensor, Tensor)")
+    torch.library.define("disc::rnn", "(Tensor input, Tensor hx, Tensor[] params, bool has_biases, int num_layers, "
+                         "bool bidirectional, bool batch_first, str mode) -> (Tensor, Tensor)")
+
+    def output(x: Any, h: Any, bidirectional: bool) -> Any:  # (sequence, batch) or (batch, sequence) as the input
+        return x.new_empty(*x.shape[:2], (2 if bidirectional else 1) * h.shape[-1])
+
+    @torch.library.register_fake("disc::lstm")
+    def _(x: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, bidirectional: bool, batch_first: bool) -> Any:
+        return output(x, hx[0], bidirectional), hx[0].new_empty(hx[0].shape), hx[1].new_empty(hx[1].shape)
+
+    @torch.library.impl("disc::lstm", "CompositeExplicitAutograd")
+    def _(x: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, bidirectional: bool, batch_first: bool) -> Any:
+        return aten.lstm(x, hx, params, has_biases, num_layers, 0.0, False, bidirectional, batch_first)
+
+    @torch.library.register_fake("disc::rnn")
+    def _(x: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, bidirectional: bool, batch_first: bool, mode: str) -> Any:
+        return output(x, hx, bidirectional), hx.new_empty(hx.shape)
+
+    @torch.library.impl("disc::rnn", "CompositeExplicitAutograd")
+    def _(x: Any, hx: Any, params: Any, has_biases: bool, num_layers: int, bidirectional: bool, batch_first: bool, mode: str) -> Any:
+        return getattr(aten, mode)(x, hx, params, has_biases, num_layers, 0.0, False, bidirectional, batch_first)
+    return torch.ops.disc.lstm.default, torch.ops.disc.rnn.default
+
+
+_exporting = threading.local()  # `on` in a thread while torch.export traces there (`_recurrent_layers_as_ops`)
+_patch_lock = threading.Lock()
+_patch_users = [0]
+
+
+def _recurrent_call(mode: str) -> Callable:
+    """`_VF.<mode>` for the exporting thread: the layer over a padded sequence (not a packed one)
+    in inference as `disc::lstm` or `disc::rnn`; every other call, and every other thread's, as ATen's."""
+    import torch
+
+    original = getattr(torch._C._VariableFunctions, mode)
+
+    def call(*args: Any) -> Any:
+        # (input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first); a
+        # packed sequence's form has its batch sizes second, and its params fourth
+        if not getattr(_exporting, "on", False) or len(args) != 9 or not isinstance(args[3], bool) or (args[6] and args[5] > 0):
+            return original(*args)
+        x, hx, params, has_biases, num_layers, _, _, bidirectional, batch_first = args
+        lstm, rnn = recurrent_ops()
+        if mode == "lstm":
+            return lstm(x, list(hx), list(params), has_biases, num_layers, bidirectional, batch_first)
+        return rnn(x, hx, list(params), has_biases, num_layers, bidirectional, batch_first, mode)
+    return call
+
+
+@contextlib.contextmanager
+def _recurrent_layers_as_ops() -> Any:
+    """While torch.export traces in this thread: `_VF.lstm`, `gru`, `rnn_tanh` and `rnn_relu` (what
+    nn.LSTM, nn.GRU and nn.RNN call once their initial states are made) become our operators, so
+    that the sequence's length stays a dim (`recurrent_ops`). Other threads' calls meanwhile go to ATen."""
+    from torch import _VF
+
+    with _patch_lock:
+        if _patch_users[0] == 0:
+            for mode in RECURRENT_MODES:
+                setattr(_VF, mode, _recurrent_call(mode))
+        _patch_users[0] += 1
+    _exporting.on = True
+    try:
+        with warnings.catch_warnings():  # torch.export sees the layers' lists of their weights (`_flat_weights`) refreshed
+            warnings.filterwarnings("ignore", r"The tensor attributes .*_flat_weights", UserWarning)
+            yield
+    finally:
+        _exporting.on = False
+        with _patch_lock:
+            _patch_users[0] -= 1
+            if _patch_users[0] == 0:
+                for mode in RECURRENT_MODES:
+                    delattr(_VF, mode)
 
 
 def _grouped_mm_fallback(x: Any, weight: Any, offs: Any) -> Any:
@@ -1150,7 +1244,8 @@ def _export(model: Any, args: tuple, kwargs: dict, dynamic_shapes: Any) -> Any:
     import torch
 
     def export(spec: Any) -> Any:
-        return torch.export.export(model, args, kwargs, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
+        with _recurrent_layers_as_ops():
+            return torch.export.export(model, args, kwargs, dynamic_shapes=spec, prefer_deferred_runtime_asserts_over_guards=True)
 
     if "transformers.modeling_utils" in sys.modules:  # a transformers model: it may return (or take) its KV caches
         _register_transformers_caches()
@@ -1432,7 +1527,6 @@ def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) 
     """`example_inputs`: one tuple (or list) of positional arguments, a dict of keyword arguments
     or a single tensor, or several positional arguments as they are."""
     import tempfile
-    import warnings
 
     import torch
 
@@ -1976,7 +2070,7 @@ def import_torch(source: Source) -> Imported:
     from ..bounded_dynamism.signature import signature_from_function
     from .torch_ops import define_functions, lower_to_stablehlo
 
-    grouped_mm_op(), check_op(), fft_op()  # the program may call them
+    grouped_mm_op(), check_op(), fft_op(), recurrent_ops()  # the program may call them
     serde_log = logging.getLogger("torch._export.serde.serialize")
     level = serde_log.level
     serde_log.setLevel(logging.ERROR)  # its warning that a size read from the data (u0) has no node that makes it: none need
@@ -2107,8 +2201,6 @@ def dynamo_backend(gm: Any, example_inputs: list) -> Any:
     run in PyTorch, as with every backend). A graph that still holds an op the compiler cannot
     take runs in PyTorch, with one warning naming the op. Registered through the
     `torch_dynamo_backends` entry point."""
-    import warnings
-
     from torch._dynamo.backends.common import aot_autograd
 
     from .. import worker

@@ -16,7 +16,10 @@ StableHLO conversion) into calls of functions written here in StableHLO between 
   layers), a `torch.operator` torch-mlir's backend pipeline refuses, so rewritten before it: our
   custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET); `disc::check` (an assertion
   over sizes the data decides) and `disc::fft` (torch.fft's transforms) likewise become our custom
-  calls `ops.ASSERT_TARGET` and `ops.FFT_TARGET`.
+  calls `ops.ASSERT_TARGET` and `ops.FFT_TARGET`;
+- `disc::lstm` and `disc::rnn` (torch_frontend.recurrent_ops: nn.LSTM, nn.GRU and nn.RNN, which
+  torch.export would unroll over a sequence of fixed length): per layer and direction, one
+  product for every step's input, then a `stablehlo.while` over the sequence (`_Recurrence`).
 """
 
 from __future__ import annotations
@@ -102,6 +105,198 @@ def _function(name: str, params: list[str], results: list[str], body: Body, retu
     args = ", ".join(f"%p{i}: {t}" for i, t in enumerate(params))
     text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}" if returned else "return"])
     return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
+
+
+def _list_items(value: Any) -> list[Any]:
+    """The values of a `torch.prim.ListConstruct` (a Tensor[] operand)."""
+    owner = value.owner
+    if owner.name != "torch.prim.ListConstruct":
+        raise ValueError(f"expected a list of tensors, got {owner.name}")
+    return list(owner.operands)
+
+
+Value = tuple[str, list[int | None]]  # a name in the function's text and its shape
+
+
+class _Recurrence:
+    """The text of ATen's recurrent layers (`disc::lstm`, `disc::rnn`): per layer and direction, the
+    input's projection for every step as one product (its biases added: both of them, but for a
+    GRU, whose new gate scales the state's by the reset gate), then a `stablehlo.while` over the
+    sequence (backwards for the reverse direction) that multiplies the state by its weights,
+    applies the gates and writes the step's state to its place in the output."""
+
+    GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+
+    def __init__(self, b: Body, mode: str, elem: str, has_biases: bool, layers: int, dirs: int) -> None:
+        self.b, self.mode, self.elem, self.has_biases, self.layers, self.dirs = b, mode, elem, has_biases, layers, dirs
+
+    def ty(self, shape: list[int | None]) -> str:
+        return tensor_type(shape, self.elem)
+
+    def op(self, name: str, shape: list[int | None], *operands: str) -> str:
+        return self.b(f"stablehlo.{name} {', '.join(operands)} : {self.ty(shape)}")
+
+    def reshaped(self, v: Value, shape: list[int | None], extent: list[str]) -> str:
+        """`v` as `shape` (sizes: the tensor<1xi32> `extent`)."""
+        if v[1] == shape:
+            return v[0]
+        return self.b(f"stablehlo.dynamic_reshape {v[0]}, {self.b.vector(extent)} : ({self.ty(v[1])}, tensor<{len(extent)}xi32>) -> "
+                      f"{self.ty(shape)}")
+
+    def times_transposed(self, v: Value, w: Value) -> str:
+        """v (..., k) times w (n, k) transposed: (..., n)."""
+        rank = len(v[1])
+        return self.b(f"stablehlo.dot_general {v[0]}, {w[0]}, contracting_dims = [{rank - 1}] x [1] : ({self.ty(v[1])}, {self.ty(w[1])}) -> "
+                      f"{self.ty(v[1][:-1] + [w[1][0]])}")
+
+    def broadcast(self, v: Value, shape: list[int | None], extent: list[str]) -> str:
+        """A vector along the last dim of `shape`."""
+        return self.b(f"stablehlo.dynamic_broadcast_in_dim {v[0]}, {self.b.vector(extent)}, dims = [{len(shape) - 1}] : "
+                      f"({self.ty(v[1])}, tensor<{len(shape)}xi32>) -> {self.ty(shape)}")
+
+    def run(self, x: Value, states: list[Value], params: list[Value], batch_first: bool, declared: list[list[int | None]]) -> list[str]:
+        b = self.b
+        if batch_first:
+            shape = [x[1][1], x[1][0], x[1][2]]
+            x = (b(f"stablehlo.transpose {x[0]}, dims = [1, 0, 2] : ({self.ty(x[1])}) -> {self.ty(shape)}"), shape)
+        seq, batch = x[1][0], x[1][1]
+        if any(s[1][1] != batch for s in states):  # a batch size known in one of them only: not known
+            batch = None
+        self.n_seq, self.n_batch = b.size(x[0], x[1], self.elem, 0), b.size(x[0], x[1], self.elem, 1)
+        self.seq, self.batch = seq, batch
+        steps = b(f"stablehlo.convert {b(f'stablehlo.reshape {self.n_seq} : (tensor<1xi32>) -> tensor<i32>')} : (tensor<i32>) -> tensor<i64>")
+        per = len(params) // (self.layers * self.dirs)
+        finals: list[list[Value]] = [[] for _ in states]
+        for layer in range(self.layers):
+            outputs = []
+            for d in range(self.dirs):
+                j = layer * self.dirs + d
+                initial = [self.initial(s, j) for s in states]
+                out, last = self.direction(x, params[j * per:(j + 1) * per], initial, d == 1, steps)
+                outputs.append(out)
+                for f, v in zip(finals, last):
+                    f.append(v)
+            width = sum(o[1][2] for o in outputs)
+            shape = [seq, batch, width]
+            x = outputs[0] if len(outputs) == 1 else (b(f"stablehlo.concatenate {', '.join(o[0] for o in outputs)}, dim = 2 : "
+                                                        f"({', '.join(self.ty(o[1]) for o in outputs)}) -> {self.ty(shape)}"), shape)
+        if batch_first:
+            shape = [x[1][1], x[1][0], x[1][2]]
+            x = (b(f"stablehlo.transpose {x[0]}, dims = [1, 0, 2] : ({self.ty(x[1])}) -> {self.ty(shape)}"), shape)
+        results = [x]
+        for f in finals:  # (layers * directions, batch, size)
+            size = f[0][1][1]
+            parts = [self.reshaped(v, [1, batch, size], [b.i32(1, 1), self.n_batch, b.i32(size, 1)]) for v in f]
+            shape = [len(parts), batch, size]
+            results.append((parts[0] if len(parts) == 1 else b(f"stablehlo.concatenate {', '.join(parts)}, dim = 0 : "
+                                                               f"({', '.join([self.ty([1, batch, size])] * len(parts))}) -> {self.ty(shape)}"), shape))
+        extents = [[self.n_batch if batch_first else self.n_seq, self.n_seq if batch_first else self.n_batch, b.i32(x[1][2], 1)]] + \
+            [[b.i32(r[1][0], 1), self.n_batch, b.i32(r[1][2], 1)] for r in results[1:]]
+        return [self.reshaped(r, shape, extent) for r, shape, extent in zip(results, declared, extents)]
+
+    def initial(self, state: Value, j: int) -> Value:
+        """Layer and direction j's initial state: (batch, size) of the (layers * directions, batch, size) `state`."""
+        b = self.b
+        size = state[1][2]
+        starts = b.vector([b.i32(j, 1), b.i32(0, 1), b.i32(0, 1)])
+        limits = b.vector([b.i32(j + 1, 1), self.n_batch, b.i32(size, 1)])
+        one = [1, state[1][1], size]
+        v = b(f"stablehlo.real_dynamic_slice {state[0]}, {starts}, {limits}, {b.i32(1, 3)} : ({self.ty(state[1])}, tensor<3xi32>, "
+              f"tensor<3xi32>, tensor<3xi32>) -> {self.ty(one)}")
+        shape = [self.batch, size]
+        return self.reshaped((v, one), shape, [self.n_batch, b.i32(size, 1)]), shape
+
+    def direction(self, x: Value, weights: list[Value], initial: list[Value], reverse: bool, steps: str) -> tuple[Value, list[Value]]:
+        """One layer's direction over the sequence x (seq, batch, in): its output (seq, batch,
+        size) and final states."""
+        b, gates = self.b, self.GATES[self.mode]
+        w_ih, w_hh = weights[:2]
+        biases = weights[2:4] if self.has_biases else []
+        projection = weights[-1] if len(weights) == 2 + len(biases) + 1 else None  # an LSTM's proj_size
+        width = w_ih[1][0]
+        hidden, size = width // gates, w_hh[1][1]
+        seq, batch = self.seq, self.batch
+        n_width = b.i32(width, 1)
+        projected = (self.times_transposed(x, w_ih), [seq, x[1][1], width])
+        projected = (self.reshaped(projected, [seq, batch, width], [self.n_seq, self.n_batch, n_width]), [seq, batch, width])
+        state_bias = None
+        if biases:
+            bias = biases[0] if self.mode == "gru" else (self.op("add", [width], biases[0][0], biases[1][0]), [width])
+            projected = (self.op("add", projected[1], projected[0], self.broadcast(bias, projected[1], [self.n_seq, self.n_batch, n_width])),
+                         projected[1])
+            if self.mode == "gru":
+                state_bias = self.broadcast(biases[1], [batch, width], [self.n_batch, n_width])
+        out_shape = [seq, batch, size]
+        zero = b(f"stablehlo.constant dense<{'0.0' if is_float(self.elem) else '0'}> : tensor<{self.elem}>")
+        out = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {b.vector([self.n_seq, self.n_batch, b.i32(size, 1)])}, dims = [] : "
+                f"(tensor<{self.elem}>, tensor<3xi32>) -> {self.ty(out_shape)}")
+        start = b("stablehlo.constant dense<0> : tensor<i64>")
+        carried = [(start, "tensor<i64>"), *[(v, self.ty(shape)) for v, shape in initial], (out, self.ty(out_shape))]
+        n = b.n
+        args = [f"%s{n}_{i}" for i in range(len(carried))]
+        outer, b.lines = b.lines, []
+        more = b(f"stablehlo.compare LT, {args[0]}, {steps}, SIGNED : (tensor<i64>, tensor<i64>) -> tensor<i1>")
+        condition, b.lines = b.lines, []
+        t, states, written = args[0], [(a, shape) for a, (_, shape) in zip(args[1:-1], initial)], args[-1]
+        one = b("stablehlo.constant dense<1> : tensor<i64>")
+        at = b(f"stablehlo.subtract {b(f'stablehlo.subtract {steps}, {one} : tensor<i64>')}, {t} : tensor<i64>") if reverse else t
+        at32 = b(f"stablehlo.reshape {b(f'stablehlo.convert {at} : (tensor<i64>) -> tensor<i32>')} : (tensor<i32>) -> tensor<1xi32>")
+        nothing = b.i32(0, 1)
+        step_in = b(f"stablehlo.real_dynamic_slice {projected[0]}, {b.vector([at32, nothing, nothing])}, "
+                    f"{b.vector([b(f'stablehlo.add {at32}, {b.i32(1, 1)} : tensor<1xi32>'), self.n_batch, n_width])}, {b.i32(1, 3)} : "
+                    f"({self.ty(projected[1])}, tensor<3xi32>, tensor<3xi32>, tensor<3xi32>) -> {self.ty([1, batch, width])}")
+        step_in = self.reshaped((step_in, [1, batch, width]), [batch, width], [self.n_batch, n_width])
+        from_state = self.times_transposed(states[0], w_hh)
+        if state_bias is not None:
+            from_state = self.op("add", [batch, width], from_state, state_bias)
+        new = self.cell(step_in, from_state, states, hidden, projection)
+        update = self.reshaped((new[0], [batch, size]), [1, batch, size], [b.i32(1, 1), self.n_batch, b.i32(size, 1)])
+        origin = b("stablehlo.constant dense<0> : tensor<i64>")
+        written = b(f"stablehlo.dynamic_update_slice {written}, {update}, {at}, {origin}, {origin} : ({self.ty(out_shape)}, "
+                    f"{self.ty([1, batch, size])}, tensor<i64>, tensor<i64>, tensor<i64>) -> {self.ty(out_shape)}")
+        returned = [b(f"stablehlo.add {t}, {one} : tensor<i64>"), *new, written]
+        body, b.lines = b.lines, outer
+        types = ", ".join(ty for _, ty in carried)
+        block = ", ".join(f"{a}: {ty}" for a, (_, ty) in zip(args, carried))
+
+        def region(lines: list[str], returned: str) -> str:
+            return f"^bb0({block}):\n    " + "\n    ".join(lines + [f"stablehlo.return {returned}"])
+        loop = b(f'"stablehlo.while"({", ".join(v for v, _ in carried)}) ({{\n  {region(condition, f"{more} : tensor<i1>")}\n  }}, {{\n  '
+                 f'{region(body, ", ".join(returned) + " : " + types)}\n  }}) : ({types}) -> ({types})', len(carried))
+        finals = [(f"{loop}#{1 + i}", shape) for i, (_, shape) in enumerate(initial)]
+        return (f"{loop}#{len(carried) - 1}", out_shape), finals
+
+    def cell(self, step_in: str, from_state: str, states: list[Value], hidden: int, projection: Value | None) -> list[str]:
+        """One step's new states from its input's and its state's products (batch, gates * hidden)."""
+        b = self.b
+        batch = self.batch
+        shape = [batch, hidden]
+        gates = [batch, hidden * self.GATES[self.mode]]
+
+        def gate(v: str, g: int) -> str:
+            starts = b.vector([b.i32(0, 1), b.i32(g * hidden, 1)])
+            limits = b.vector([self.n_batch, b.i32((g + 1) * hidden, 1)])
+            return b(f"stablehlo.real_dynamic_slice {v}, {starts}, {limits}, {b.i32(1, 2)} : ({self.ty(gates)}, tensor<2xi32>, "
+                     f"tensor<2xi32>, tensor<2xi32>) -> {self.ty(shape)}")
+        if self.mode == "lstm":
+            both = self.op("add", gates, step_in, from_state)
+            i, f, g, o = (self.op("tanh" if k == 2 else "logistic", shape, gate(both, k)) for k in range(4))
+            c = self.op("add", shape, self.op("multiply", shape, f, states[1][0]), self.op("multiply", shape, i, g))
+            h = self.op("multiply", shape, o, self.op("tanh", shape, c))
+            if projection is not None:
+                h = self.times_transposed((h, shape), projection)
+            return [h, c]
+        if self.mode == "gru":
+            r, z = (self.op("logistic", shape, self.op("add", shape, gate(step_in, k), gate(from_state, k))) for k in range(2))
+            n = self.op("tanh", shape, self.op("add", shape, gate(step_in, 2), self.op("multiply", shape, r, gate(from_state, 2))))
+            return [self.op("add", shape, n, self.op("multiply", shape, z, self.op("subtract", shape, states[0][0], n)))]
+        both = self.op("add", shape, step_in, from_state)
+        if self.mode == "rnn_tanh":
+            return [self.op("tanh", shape, both)]
+        zero = b(f"stablehlo.constant dense<0.0> : tensor<{self.elem}>")
+        zeros = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {b.vector([self.n_batch, b.i32(hidden, 1)])}, dims = [] : "
+                  f"(tensor<{self.elem}>, tensor<2xi32>) -> {self.ty(shape)}")
+        return [self.op("maximum", shape, both, zeros)]
 
 
 class _Rewriter:
@@ -434,10 +629,31 @@ class _Rewriter:
         self.replace(op, "grouped_mm", [x, weight, offs], build)
 
 
+    def recurrent(self, op: Any) -> None:
+        """`disc::lstm` and `disc::rnn` (torch_frontend.recurrent_ops: nn.LSTM, nn.GRU and nn.RNN)
+        as a `stablehlo.while` over the sequence per layer and direction (`_recurrence`)."""
+        from torch_mlir import ir
+
+        lstm = ir.StringAttr(op.attributes["name"]).value.endswith(".lstm")
+        x, hx, params = op.operands[0], _list_items(op.operands[1]) if lstm else [op.operands[1]], _list_items(op.operands[2])
+        has_biases, layers, bidirectional, batch_first = (_constant_operand(v) for v in op.operands[3:7])
+        mode = "lstm" if lstm else _constant_operand(op.operands[7])
+        operands = [x, *hx, *params]
+        typed = [_builtin(v.type) for v in operands]
+        declared = [_builtin(r.type)[0] for r in op.results]
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            values = [(name, shape) for name, (shape, _) in zip(args, typed)]
+            rnn = _Recurrence(b, mode, typed[0][1], has_biases, layers, 2 if bidirectional else 1)
+            return rnn.run(values[0], values[1:1 + len(hx)], values[1 + len(hx):], batch_first, declared), []
+        self.replace(op, mode, operands, build)
+
+
 # operators of other libraries (`torch.operator`, by name) -> rewrite, before torch-mlir's backend
 # pipeline, which refuses them; torch-dialect op -> rewrite, after it (aten.topk must be kept from its
 # decomposition, a sort)
-OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check, "torch.disc.fft": _Rewriter.fft}
+OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check, "torch.disc.fft": _Rewriter.fft,
+             "torch.disc.lstm": _Rewriter.recurrent, "torch.disc.rnn": _Rewriter.recurrent}
 REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
             "torch.aten.repeat_interleave.Tensor": _Rewriter.repeat_interleave, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
