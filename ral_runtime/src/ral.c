@@ -890,7 +890,10 @@ static int runtime_has_gemm(const ral_runtime *rt, int is_double) {
  * product when few rows use it and B comes from memory (at 32 x 768 x 3072 on two threads: 1.0
  * ms against MKL's 1.5). Where B is in cache MKL's packed kernel is faster (an im2col patch
  * matrix of 64 x 576 x 3136: 0.95 ms against 1.23), and one row is a GEMV MKL streams faster
- * (0.43 ms against 0.57 at 1 x 768 x 3072). */
+ * (0.43 ms against 0.57 at 1 x 768 x 3072). A transposed B (PyTorch's linear layers) goes there
+ * for 2 to half as many rows, in cache or not: packing it costs more (the RAL's own packed kernel,
+ * one thread of a Zen 4: 8 x 3072 x 768 465 us against 1208, 8 x 1024 x 256 51 against 101, 32 x
+ * 1024 x 256 201 against 204; 64 rows 461 against 321). */
 #define RAL_SMALL_GEMM_ROWS 64
 #define RAL_EPILOGUE_TASKS_PER_THREAD 4
 /* A single-precision product of at least twice this many rows, on the runtime's kernel and the
@@ -920,8 +923,8 @@ static void gemm_tasks(void *data, int64_t lo, int64_t hi) {
       g->rt->shared_sgemm->multiply(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, g->packed, (float *)g->c + c_off,
                                     g->ldc);
     else if (g->small)
-      g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, (const float *)g->b + b_off, g->ldb,
-                         (float *)g->c + c_off, g->ldc);
+      g->rt->small_sgemm(rows, cols, g->k, (const float *)g->a + a_off, a_row, a_k, (const float *)g->b + b_off,
+                         g->tb == NO_TRANS ? g->ldb : 1, g->tb == NO_TRANS ? 1 : g->ldb, (float *)g->c + c_off, g->ldc);
     else if (g->is_double)
       g->rt->dgemm(ROW_MAJOR, g->ta, g->tb, (int)rows, (int)cols, (int)g->k, 1, (const double *)g->a + a_off, (int)g->lda,
                    (const double *)g->b + b_off, (int)g->ldb, 0, (double *)g->c + c_off, (int)g->ldc);
@@ -1029,8 +1032,12 @@ static void gemm_run(const void *key, const char *name, gemm_job *g, int64_t bat
     context_raise(ctx, RAL_ERR_INVALID_ARGUMENT, message);
     return;
   }
-  g->small = !g->is_double && ctx->rt->small_sgemm && g->tb == NO_TRANS && g->m >= 2 && g->m <= RAL_SMALL_GEMM_ROWS &&
-             g->k * g->ldb * (int64_t)sizeof(float) > ctx->rt->l2_bytes && !context_owns(ctx, g->b);
+  /* B not transposed: larger than L2 (in cache, packing it paid); transposed (PyTorch's weights), wherever it is,
+   * for up to 32 rows (packing it paid from 64) and k of at least 128 (each dot product is summed across its
+   * vector once: 64 paid too little for that) */
+  g->small = !g->is_double && ctx->rt->small_sgemm && g->m >= 2 && !context_owns(ctx, g->b) &&
+             (g->tb == NO_TRANS ? g->m <= RAL_SMALL_GEMM_ROWS && g->k * g->ldb * (int64_t)sizeof(float) > ctx->rt->l2_bytes
+                                : g->ta == NO_TRANS && g->m <= RAL_SMALL_GEMM_ROWS / 2 && g->k >= 128);
   int64_t start = now_ns();
   if (empty || g->k == 0) {
     for (int64_t e = 0; !empty && e < batch; e++) /* zeros, row by row (C may be a strided view) */

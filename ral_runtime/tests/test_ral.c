@@ -449,7 +449,7 @@ static int gemm_heads_match(ral_context *ctx, int64_t nb, int64_t s, int64_t h, 
 }
 
 /* The kernel for products with few rows, where this CPU has one: rows, columns and k not
- * multiples of its blocks, columns across panels, A either way round, C with a leading dim. */
+ * multiples of its blocks, columns across panels, A or B transposed, C with a leading dim. */
 static void test_small_gemm_kernel(void) {
   ral_small_sgemm_fn kernel = ral_small_sgemm_kernel();
   if (!kernel) {
@@ -462,15 +462,15 @@ static void test_small_gemm_kernel(void) {
     float *a = malloc(sizeof(float) * m * k), *b = malloc(sizeof(float) * k * n), *c = malloc(sizeof(float) * m * ldc);
     for (int64_t i = 0; i < m * k; i++) a[i] = (float)((i * 7) % 11) - 5;
     for (int64_t i = 0; i < k * n; i++) b[i] = (float)((i * 3) % 7) - 3;
-    for (int transposed = 0; transposed < 2; transposed++) {
-      int64_t sa_m = transposed ? 1 : k, sa_k = transposed ? m : 1;
+    for (int form = 0; form < 3; form++) { /* A transposed, B transposed (A's rows contiguous) */
+      int64_t sa_m = form == 1 ? 1 : k, sa_k = form == 1 ? m : 1, sb_k = form == 2 ? 1 : n, sb_n = form == 2 ? k : 1;
       for (int64_t i = 0; i < m * ldc; i++) c[i] = 99;
-      kernel(m, n, k, a, sa_m, sa_k, b, n, c, ldc);
+      kernel(m, n, k, a, sa_m, sa_k, b, sb_k, sb_n, c, ldc);
       int ok = 1;
       for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < ldc; j++) {
           float ref = j < n ? 0 : 99; /* past n: untouched */
-          for (int64_t x = 0; j < n && x < k; x++) ref += a[i * sa_m + x * sa_k] * b[x * n + j];
+          for (int64_t x = 0; j < n && x < k; x++) ref += a[i * sa_m + x * sa_k] * b[x * sb_k + j * sb_n];
           ok &= c[i * ldc + j] == ref;
         }
       CHECK(ok);
