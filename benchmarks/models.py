@@ -1,7 +1,8 @@
 """Real models from transformers and torchvision, random weights from their configs: BERT-base,
 GPT-2 small, a LLaMA-style 4-layer decoder, a Mixtral-style 2-layer mixture-of-experts decoder
 (8 experts, 2 per token), ViT-B/16 (dynamic batch: its position table fixes
-the image size), ResNet-50 and MobileNetV3-Large. Per model, side by
+the image size), ResNet-50, MobileNetV3-Large and a sequence tagger over a 2-layer bidirectional
+LSTM (hidden 512; dynamo runs recurrent layers in PyTorch, so torch.compile's is eager's LSTM). Per model, side by
 side in one process with the same threads and the same torch tensors as inputs:
 
 - disc_stablehlo: `disc.compile` once with dynamic batch and sequence / image size;
@@ -15,7 +16,7 @@ one repetition to the next. Each peer has its own copy of the weights, so none r
 another has just brought into the cache. Writes benchmarks/models.json (a
 run of some models replaces their rows) and benchmarks/models.png.
 
-    python benchmarks/models.py [--models bert,gpt2,llama,mixtral,vit,resnet50,mobilenet] [--reps 6]
+    python benchmarks/models.py [--models bert,gpt2,llama,mixtral,vit,resnet50,mobilenet,bilstm] [--reps 6]
 """
 
 from __future__ import annotations
@@ -97,10 +98,32 @@ def vision_model(name: str):
     return model, inputs, [(1, 224), (4, 224), (2, 320)], (inputs(2, 224), {"x": dims})
 
 
+class Tagger(torch.nn.Module):
+    """A sequence tagger: embeddings, a 2-layer bidirectional LSTM, a classifier per token."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lstm = torch.nn.Embedding(32000, 256), torch.nn.LSTM(256, 512, num_layers=2, batch_first=True, bidirectional=True)
+        self.out = torch.nn.Linear(1024, 32)
+
+    def forward(self, tokens):
+        return self.out(self.lstm(self.emb(tokens))[0])
+
+
+def recurrent_model(name: str):
+    torch.manual_seed(0)
+    model = Tagger().eval()
+
+    def inputs(b: int, s: int):
+        return (torch.randint(0, 32000, (b, s), generator=torch.Generator().manual_seed(b * 1000 + s)),)
+
+    return model, inputs, [(1, 32), (4, 128), (8, 256)], (inputs(2, 16), {"tokens": {0: Dim("batch", max=64), 1: Dim("seq", max=4096)}})
+
+
 MODELS = {"bert": text_model, "gpt2": text_model, "llama": text_model, "mixtral": text_model, "vit": vision_model,
-          "resnet50": vision_model, "mobilenet": vision_model}
+          "resnet50": vision_model, "mobilenet": vision_model, "bilstm": recurrent_model}
 LABELS = {"bert": "BERT-base", "gpt2": "GPT-2 small", "llama": "LLaMA-style 4 layers", "mixtral": "Mixtral-style MoE 2 layers",
-          "vit": "ViT-B/16", "resnet50": "ResNet-50", "mobilenet": "MobileNetV3-L"}
+          "vit": "ViT-B/16", "resnet50": "ResNet-50", "mobilenet": "MobileNetV3-L", "bilstm": "BiLSTM tagger 2 layers"}
 
 
 def measure(name: str, reps: int) -> dict:

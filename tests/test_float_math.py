@@ -1,6 +1,7 @@
 """Float math in the generated CPU code: f32 `exp` computed inline (passes/math_ops.py) to within
 one unit in the last place over its whole range, denormal results, overflow, infinities and NaN
-included; and multiplications fused with the additions they feed, as XLA does."""
+included; multiplications fused with the additions they feed, as XLA does; floats converted to
+integers that cannot hold them saturating as XLA's conversions do."""
 
 from __future__ import annotations
 
@@ -64,3 +65,23 @@ def test_multiplications_fuse_with_the_additions_they_feed_as_xla_does():
     y = f(x)
     big = np.abs(ref) > 1e-30
     assert np.max(np.abs(y[big] - ref[big]) / np.abs(ref[big])) < 1e-5
+
+
+def test_floats_beyond_an_integer_type_saturate_as_xla_converts_them():
+    """Out of range, infinite and NaN values converted to every integer width, signed and
+    unsigned, from f16, f32 and f64: the type's extremes, NaN 0 (LLVM's conversion is poison there:
+    x86 gave 0x80...0 for all of them), the same as jax.jit; values in range truncate."""
+    (n,) = export.symbolic_shape("n")
+    values = [0.0, -0.0, 0.9, -0.9, 1.5, -1.5, 127.0, 128.0, -128.0, -129.0, 255.0, 256.0, -1.0, 300.0, 65504.0, -65504.0,
+              2.0 ** 31, -(2.0 ** 31), 3e9, -3e9, 2.0 ** 32, 2.0 ** 63, -(2.0 ** 63), 1e19, 2.0 ** 64, 1e30, -1e30, np.inf, -np.inf, np.nan]
+    for source in (np.float16, np.float32, np.float64):
+        with np.errstate(over="ignore"):
+            x = np.array(values, source)
+        for target in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64):
+            fn = lambda v, target=target: v.astype(target)  # noqa: E731
+            if source == np.float64 or target in (np.int64, np.uint64):
+                with jax.enable_x64():
+                    got, want = disc.compile(fn, jax.ShapeDtypeStruct((n,), source))(x), jax.jit(fn)(x)
+            else:
+                got, want = disc.compile(fn, jax.ShapeDtypeStruct((n,), source))(x), jax.jit(fn)(x)
+            np.testing.assert_array_equal(got, np.asarray(want), err_msg=f"{np.dtype(source).name} -> {np.dtype(target).name}")

@@ -56,6 +56,7 @@ CASES = [
     ("scatter_add", lambda x, i, u: x.at[i].add(u, mode="drop"), [(("b", 3), F32), (("s",), I32), (("s", 3), F32)], "b, s", BS, 1e-5),
     ("scatter_set", lambda x, i: x.at[i].set(7.0, mode="drop"), [(("b",), F32), (("s",), I32)], "b, s", BS, 0),
     ("iota", lambda x: x + jnp.arange(x.shape[0], dtype=np.float32)[:, None], [(("b", "s"), F32)], "b, s", BS, 0),
+    ("iota_unsigned", lambda x: x * 3 + jnp.arange(x.shape[0], dtype=np.uint32), [(("n",), np.uint32)], "n", N, 0),
     ("select_where", lambda x, y: jnp.where(x > y, x, y * 2) + (x > 0), [(("b", "s"), F32)] * 2, "b, s", BS, 0),
     ("convert_f32_i32_f64", lambda x: (x * 10).astype(I32).astype(F64) + x.astype(F64), [(("n",), F32)], "n", N, 1e-6),
     ("convert_bool_i64", lambda x, y: (x > 0).astype(I64) + y, [(("n",), F32), (("n",), I64)], "n", N, 0),

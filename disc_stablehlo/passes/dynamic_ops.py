@@ -54,9 +54,11 @@ def _index_to(t: Text, v: str, elem: str, lines: list[str]) -> str:
     if elem.startswith("f") or elem == "bf16":
         lines.append(f"{n}i = arith.index_cast {v} : index to i64")
         lines.append(f"{n} = arith.sitofp {n}i : i64 to {elem}")
+    elif elem.startswith("ui"):  # arith takes signless integers only; make_signless drops the cast later
+        lines.append(f"{n}i = arith.index_castui {v} : index to {elem[1:]}")
+        lines.append(f"{n} = builtin.unrealized_conversion_cast {n}i : {elem[1:]} to {elem}")
     else:
-        width = elem.lstrip("ui")
-        lines.append(f"{n} = arith.index_cast {v} : index to i{width}")
+        lines.append(f"{n} = arith.index_cast {v} : index to {elem}")
     return n
 
 

@@ -40,6 +40,10 @@ half the instructions and round once per step instead of twice, as XLA's CPU and
 C compilers' default contraction do (GELU's erfc: 1.4x faster, and its results within 4e-7 of
 XLA's relative to each value, where separate roundings were 3e-3 apart).
 
+A float converted to an integer type that cannot hold it (out of range, infinite, NaN) saturates
+to the type's extremes, NaN to 0, as XLA's back ends convert: LLVM's conversion gives poison there
+(on x86 the "integer indefinite", 0x80...0, whatever the sign).
+
 `add` of booleans is logical or in StableHLO (true + true = true), where the integer addition it
 would otherwise become wraps (true + true = false): it becomes `or`, in reduction bodies too
 (`any` over booleans is a reduce with `add`)."""
@@ -247,5 +251,38 @@ def complex_cbrt_polar(module: ir.Module) -> int:
                                                         binary("multiply", radius, unary("sine", angle))], t)
         op.result.replace_all_uses_with(result)
         op.erase()
+        count += 1
+    return count
+
+
+_OGE, _OLT, _UNO = 3, 4, 14  # arith.cmpf predicates
+
+
+def saturating_float_to_int(module: ir.Module) -> int:
+    """Each scalar `arith.fptosi` / `fptoui` from a float of 16 bits or more followed by the
+    selects that saturate it (see the module's docstring); returns how many."""
+    count = 0
+    i1, i64 = ir.IntegerType.get_signless(1), ir.IntegerType.get_signless(64)
+    for op in walk(module.operation):
+        if op.name not in ("arith.fptosi", "arith.fptoui") or not isinstance(op.result.type, ir.IntegerType):
+            continue
+        x, t = op.operands[0], op.result.type
+        width = ir.IntegerType(t).width
+        if width == 1 or not isinstance(x.type, ir.FloatType) or ir.FloatType(x.type).width < 16:
+            continue
+        low, high = (-(1 << (width - 1)), 1 << (width - 1)) if op.name == "arith.fptosi" else (0, 1 << width)
+        largest = 65504.0 if str(x.type) == "f16" else math.inf  # the bounds (powers of two up to 2^64) fit the others
+
+        def compare(predicate: int, bound: float) -> ir.Value:
+            bound = math.copysign(math.inf, bound) if abs(bound) > largest else bound
+            return create_value("arith.cmpf", [x, _const(bound, x.type)], i1, predicate=ir.IntegerAttr.get(i64, predicate))
+        with ir.InsertionPoint.after(op), op.location:
+            above, below = compare(_OGE, high), compare(_OLT, low)
+            nan = create_value("arith.cmpf", [x, x], i1, predicate=ir.IntegerAttr.get(i64, _UNO))
+            most = high - 1 - (1 << width if high - 1 >> (width - 1) else 0)  # written signed: unsigned max is -1
+            first = create_value("arith.select", [above, _const(most, t), op.result], t)
+            result = create_value("arith.select", [nan, _const(0, t), create_value("arith.select", [below, _const(low, t), first], t)], t)
+        op.result.replace_all_uses_with(result)
+        first.owner.operands[2] = op.result
         count += 1
     return count

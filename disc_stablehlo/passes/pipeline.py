@@ -35,7 +35,7 @@ from .lower import GPU_ATTR, lower_module
 from .low_bit_floats import emulation_pipeline, expand_conversions, low_bit_types
 from .control_flow import remove_optimization_barriers
 from .math_ops import (boolean_sums_as_or, complex_cbrt_polar, contract, CONTRACTED, complex_extrema_lexicographic, integer_powers_as_products, exp_inline,
-                       reciprocals_of_row_divisors)
+                       reciprocals_of_row_divisors, saturating_float_to_int)
 from .shape_dialect import resolve_ranked_shapes
 from .signless import boolean_access_as_bytes, make_signless
 from .parallel import Kernel, outline_parallel_loops, resolve_function_pointers
@@ -152,6 +152,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         run_pipeline(module, f"builtin.module({TO_LINALG})", "StableHLO to linalg")
         _check_nothing_left(module, DIALECTS_LEFT_TO_UPSTREAM, "after the StableHLO to linalg conversion")
         scalarize_rank0_generics(module)
+        saturating_float_to_int(module)
         forward_uniform_operands(module)
         duplicate_broadcasts(module)
         run_pipeline(module, f"builtin.module(linalg-fuse-elementwise-ops, {FUSE})", "fusion")  # before CSE merges the copies
