@@ -28,7 +28,7 @@ from .dims import argument_dim_sources, unify_argument_dims
 from .epilogues import fuse_epilogues
 from .fusion import duplicate_broadcasts, forward_uniform_operands, scalarize_rank0_generics
 from .loops import (accumulate_in_registers, collapse_rows, copies_to_linalg, flatten_contiguous_loops, fuse_loops,
-                    hoist_invariant_loads, interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts)
+                    blocked_float_sums, hoist_invariant_loads, interleave_long_loops, prefetch_next_rows, schedule_column_reductions, version_broadcasts)
 from .library_calls import keep_reads_at_their_calls, transposes_below_scalar_ops
 from .views import transposes_below_slices
 from .lower import GPU_ATTR, lower_module
@@ -216,6 +216,7 @@ def compile_to_llvm(module: ir.Module, entry_name: str, signature: Signature, ta
         if target.kind == "cpu":  # after the kernels' descriptions (they name exp, not its arithmetic)
             exp_inline(module)
             interleave_long_loops(module, [k.name for k in kernels])  # counts exp's arithmetic
+            blocked_float_sums(module)
         run_pipeline(module, f"builtin.module({TO_LLVM})", "lowering to LLVM")
         resolve_function_pointers(module)
         if device is not None:
