@@ -710,7 +710,12 @@ class CompiledFunction:
         b = self._binding
         if kwargs.keys() != set(b.keywords) and (kwargs or not b.keywords):  # (none: every leaf given in order)
             raise ShapeError(f"expected the keyword arguments {sorted(b.keywords)} (as compiled), got {sorted(kwargs)}")
-        leaves, kind = _flatten(args + tuple(kwargs[k] for k in b.keywords if kwargs), b.pytree)
+        given = args + tuple(kwargs[k] for k in b.keywords if kwargs)
+        # JAX: a nested list of numbers is an array, unless the count says it is a list of scalar arguments
+        # (PyTorch's lists of numbers are arguments torch.export fixed)
+        leaves, kind = _flatten(given, b.pytree, numbers_as_arrays=b.pytree == "jax")
+        if b.pytree == "jax" and b.kept_args is not None and len(leaves) != b.num_flat_args:
+            leaves, kind = _flatten(given, b.pytree)
         if b.fixed:
             leaves = b.without_fixed(leaves)
         if b.kept_args is not None:
@@ -875,14 +880,21 @@ def _to_device(x: Any, kind: str, device: Any) -> Any:
     return jax.device_put(x, device)
 
 
-def _flatten(args: tuple, pytree: str) -> tuple[list[Any], str]:
-    """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'."""
+def _numbers(x: Any) -> bool:
+    """Whether `x` is a (nested) list or tuple of Python numbers, as an array is written."""
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(v, (int, float, complex)) or _numbers(v) for v in x)
+
+
+def _flatten(args: tuple, pytree: str, numbers_as_arrays: bool = False) -> tuple[list[Any], str]:
+    """The array leaves, and which kind of array comes back: 'jax', 'torch' or 'numpy'. With
+    `numbers_as_arrays` (JAX pytrees), nested lists of numbers are leaves (arrays) instead of lists of scalars."""
+    is_leaf = _numbers if numbers_as_arrays else None
     if all(hasattr(x, "shape") for x in args):  # arrays alone are their own leaves (no import)
         leaves = list(args)
     elif pytree == "jax":
         import jax
 
-        leaves = jax.tree_util.tree_leaves(args)
+        leaves = [leaf for x in args for leaf in jax.tree_util.tree_leaves(x, is_leaf=is_leaf)]
     elif pytree == "torch":
         from torch.utils._pytree import tree_leaves
 

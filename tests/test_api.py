@@ -330,6 +330,17 @@ def test_python_lists_are_arrays_of_the_arguments_dtype():
     np.testing.assert_array_equal(f([1, 2.5]), np.array([2, 5], np.float32))
 
 
+def test_python_lists_are_arrays_for_jax_functions_too():
+    """A JAX function's arguments are pytrees, whose lists would be lists of scalars: a nested
+    list of numbers is an array there too, unless the function takes a list of scalars."""
+    b, s = export.symbolic_shape("b, s")
+    f = disc.compile(lambda x, a: x * a, jax.ShapeDtypeStruct((b, s), np.float32), jax.ShapeDtypeStruct((), np.float32))
+    np.testing.assert_array_equal(f([[1, 2, 3], [4, 5, 6]], 2.0), np.array([[2, 4, 6], [8, 10, 12]], np.float32))
+    np.testing.assert_array_equal(f([[1.5]], 2), np.array([[3]], np.float32))
+    g = disc.compile(lambda xs: xs[0] - xs[1], [jax.ShapeDtypeStruct((), np.float32)] * 2)  # a list of two scalars
+    assert g([3.0, 1.0]) == 2.0
+
+
 def test_scalars_are_rank_0_arguments():
     """numpy scalars and Python numbers for a rank-0 argument (they are converted: they used to
     become arrays of one element, which the call refused)."""
