@@ -132,6 +132,17 @@ def test_bad_text_is_a_compile_error():
         disc.compile("func.func @main(")
 
 
+def test_what_jax_export_refuses_is_a_compile_error():
+    """JAX's export errors (a comparison of symbolic dims it cannot decide, a negative static dim)
+    come out as the package's CompileError, JAX's own as the cause."""
+    b, = export.symbolic_shape("b")
+    with pytest.raises(disc.CompileError, match="jax.export failed: InconclusiveDimensionOperation") as e:
+        disc.compile(lambda x: x[:2] if x.shape[0] > 3 else x, jax.ShapeDtypeStruct((b,), np.float32))
+    assert e.value.__cause__ is not None
+    with pytest.raises(disc.CompileError, match="jax.export failed"):
+        disc.compile(lambda x: x + 1, jax.ShapeDtypeStruct((-1,), np.float32))
+
+
 def test_concurrent_calls_from_threads():
     """Calls from 4 threads at once, including softmax run behind the row blocks of batched
     scores on the shared pool (the GEMM epilogue path)."""

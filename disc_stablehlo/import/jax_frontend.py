@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..errors import CompileError
 from ..runtime import Binding, result_tree
 from . import Source, register_frontend
 
@@ -26,7 +27,10 @@ def _export_jax(fn: Any, *specs: Any) -> tuple[Source, Binding]:
         exported = fn
     else:
         jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-        exported = export.export(jitted)(*specs)
+        try:
+            exported = export.export(jitted)(*specs)
+        except Exception as e:  # JAX's own classes (a dim it cannot decide, an op it cannot export), or the function's
+            raise CompileError(f"jax.export failed: {type(e).__name__}: {e}") from e
     kept = tuple(sorted(exported.module_kept_var_idx))
     # (args, kwargs) paths: positional leaves read `args[0]`, keyword leaves `['x']`
     paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(
