@@ -573,7 +573,7 @@ class Executable:
         arrays = [a if isinstance(a, DeviceArray) or a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
                   for a in arrays]  # other byte order: converted
         self.signature.check(arrays)
-        return [a if isinstance(a, DeviceArray) else (a if a.flags.c_contiguous else np.ascontiguousarray(a)).view(spec.dtype)
+        return [a if isinstance(a, DeviceArray) else (a if a.flags.c_contiguous else _contiguous(a, spec.name)).view(spec.dtype)
                 for a, spec in zip(arrays, self.signature.args)]  # (ascontiguousarray makes a 0-d array 1-d)
 
     def _on_device(self) -> list[DeviceArray]:
@@ -829,6 +829,15 @@ def _as_kind(o: np.ndarray, kind: str) -> Any:
 
         return tf.convert_to_tensor(o)
     return o
+
+
+def _contiguous(a: np.ndarray, name: str) -> np.ndarray:
+    """A row-major copy of the view `a` (a broadcast view's copy may not fit in memory)."""
+    try:
+        return np.ascontiguousarray(a)
+    except MemoryError:
+        raise RuntimeFailure(f"argument '{name}': out of memory copying the {a.dtype}{list(a.shape)} view into a row-major array "
+                             f"({a.size * a.itemsize} bytes); the compiled code takes row-major arrays") from None
 
 
 def _as_numpy(x: Any, kind: str, dtype: np.dtype) -> np.ndarray:

@@ -332,6 +332,15 @@ def test_the_call_path_takes_arrays_in_any_layout_and_times_the_compiled_code():
     assert after["calls"] - before["calls"] == len(variants) + 1 and after["seconds"] > before["seconds"]
 
 
+def test_a_view_too_large_to_copy_is_a_runtime_failure():
+    """A broadcast view (stride 0) is copied row-major for the call: one of 4 PiB cannot be, and
+    says so in the package's error, naming the argument."""
+    b, s = export.symbolic_shape("b, s")
+    f = disc.compile(lambda x: x.sum(), jax.ShapeDtypeStruct((b, s), np.float32))
+    with pytest.raises(disc.RuntimeFailure, match=r"argument 'args\[0\]': out of memory copying the float32\[67108864, 16777216\] view"):
+        f(np.broadcast_to(np.float32(1), (1 << 26, 1 << 24)))
+
+
 def test_python_lists_are_arrays_of_the_arguments_dtype():
     """A list has no dtype of its own: it is taken as the argument's (not numpy's float64)."""
     f = disc.compile("""func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
