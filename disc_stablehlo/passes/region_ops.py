@@ -318,23 +318,19 @@ def _scan_dim(op: ir.Operation, window: list[int | None]) -> int | None:
     return dim
 
 
-def _scan(t: Text, op, fn: str, dim: int, backward: str, init: str) -> str:
+def _scan(t: Text, op, fn: str, dim: int, backward: str, init: str, combine: str | None) -> str:
     """A cumulative op in one pass: element i along `dim` is fn(result at i - 1, x[i]) (i + 1 when
     `backward`, an i1 value), the first fn(init, x[first]); every other dim walks in row-major
     order, so the element before is one the loops wrote last. O(n), nothing allocated per
-    element, the body's scalar code inlined."""
+    element, the body's scalar code inlined. A sum or product of 16-bit floats (`combine`) runs
+    in f32, each result rounded (a running sum rounded to bf16 at every step drifted: 64 off after
+    1e5 steps, against XLA's 3.7, whose arithmetic on 16-bit floats is f32's)."""
     elem, ty = _elem(op.operands[0]), str(op.results[0].type)
     dims = t.dims("%a0", op.operands[0].type)
+    if elem in ("bf16", "f16") and combine in ("arith.addf", "arith.mulf"):
+        return _scan_in_f32(t, op, combine, dim, backward, init, dims)
     loops = Loops(t, dims, [(t.buffer(op.results[0].type, dims), ty)])
-    one, last = t.const(1), t(f"arith.subi {dims[dim]}, {t.const(1)} : index")
-    step = loops.ivs[dim]
-    pos = t(f"arith.select {backward}, {t(f'arith.subi {last}, {step} : index')}, {step} : index")
-    first = t(f"arith.cmpi eq, {step}, {t.const(0)} : index")
-    before = t(f"arith.select {backward}, {t(f'arith.addi {pos}, {one} : index')}, {t(f'arith.subi {pos}, {one} : index')} : index")
-    at = list(loops.ivs)
-    at[dim] = pos
-    prev = list(loops.ivs)
-    prev[dim] = t(f"arith.select {first}, {pos}, {before} : index")  # read in bounds, not used
+    at, prev, first = _scan_positions(t, loops, dims, dim, backward)
     out = loops.inner[0]
     before_value = t(f"tensor.extract {out}[{', '.join(prev)}] : {ty}")
     acc = t(f"arith.select {first}, {init}, {before_value} : {elem}")
@@ -343,8 +339,39 @@ def _scan(t: Text, op, fn: str, dim: int, backward: str, init: str) -> str:
     return loops.close([t(f"tensor.insert {new} into {out}[{', '.join(at)}] : {ty}")])[0]
 
 
+def _scan_positions(t: Text, loops: Loops, dims: list[str], dim: int, backward: str) -> tuple[list[str], list[str], str]:
+    """The element a scan writes (`at`), the one before it along `dim` (`prev`: in bounds, unused
+    for the first), and whether it is the first."""
+    one, last = t.const(1), t(f"arith.subi {dims[dim]}, {t.const(1)} : index")
+    step = loops.ivs[dim]
+    pos = t(f"arith.select {backward}, {t(f'arith.subi {last}, {step} : index')}, {step} : index")
+    first = t(f"arith.cmpi eq, {step}, {t.const(0)} : index")
+    before = t(f"arith.select {backward}, {t(f'arith.addi {pos}, {one} : index')}, {t(f'arith.subi {pos}, {one} : index')} : index")
+    at, prev = list(loops.ivs), list(loops.ivs)
+    at[dim] = pos
+    prev[dim] = t(f"arith.select {first}, {pos}, {before} : index")
+    return at, prev, first
+
+
+def _scan_in_f32(t: Text, op, combine: str, dim: int, backward: str, init: str, dims: list[str]) -> str:
+    """`_scan` of a 16-bit float sum or product: the running values in an f32 tensor beside the result."""
+    elem, ty = _elem(op.operands[0]), str(op.results[0].type)
+    wide_type = ir.RankedTensorType.get(ir.RankedTensorType(op.results[0].type).shape, ir.F32Type.get())
+    wide = str(wide_type)
+    loops = Loops(t, dims, [(t.buffer(op.results[0].type, dims), ty), (t.buffer(wide_type, dims), wide)])
+    at, prev, first = _scan_positions(t, loops, dims, dim, backward)
+    out, running = loops.inner
+    before = t(f"tensor.extract {running}[{', '.join(prev)}] : {wide}")
+    acc = t(f"arith.select {first}, {t(f'arith.extf {init} : {elem} to f32')}, {before} : f32")
+    x = t(f"tensor.extract %a0[{', '.join(at)}] : {op.operands[0].type}")
+    new = t(f"{combine} {acc}, {t(f'arith.extf {x} : {elem} to f32')} : f32")
+    where = ", ".join(at)
+    return loops.close([t(f"tensor.insert {t(f'arith.truncf {new} : f32 to {elem}')} into {out}[{where}] : {ty}"),
+                        t(f"tensor.insert {new} into {running}[{where}] : {wide}")])[0]
+
+
 def _scan_or(t: Text, op, fn: str, dim: int, window: list[str], strides: list[str], base_dil: list[str], win_dil: list[str],
-             pad_lo: list[str], pad_hi: list[str], general) -> list[str]:
+             pad_lo: list[str], pad_hi: list[str], general, combine: str | None) -> list[str]:
     """reduce_window as a scan (`_scan`) where, at run time, it is a cumulative op along `dim`:
     unit strides and dilations, every other dim a window of 1 without padding, along `dim` a
     window at least the dim's size padded by window - 1 in front (element i reduces 0..i) or
@@ -372,7 +399,7 @@ def _scan_or(t: Text, op, fn: str, dim: int, window: list[str], strides: list[st
         conds.append(t(f"arith.cmpi eq, {a}, {b} : {elem[1:]}"))
     else:
         conds.append(t(f"arith.cmpf oeq, {twice}, {init} : {elem}" if elem.startswith(("f", "bf")) else f"arith.cmpi eq, {twice}, {init} : {elem}"))
-    return _if(t, _all(t, conds), [str(op.results[0].type)], lambda: [_scan(t, op, fn, dim, backward, init)], general)
+    return _if(t, _all(t, conds), [str(op.results[0].type)], lambda: [_scan(t, op, fn, dim, backward, init, combine)], general)
 
 
 @register_template("stablehlo.reduce_window")
@@ -394,7 +421,7 @@ def _reduce_window(op, t: Text, state: LoweringState):
 
     def general() -> list[str]:
         return _window_reduce(t, op, fn, len(op.results), *params)
-    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general)
+    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general, combine)
 
 
 def _is_dynamic_reduce_window(op: ir.Operation) -> bool:
@@ -426,7 +453,8 @@ def _dynamic_reduce_window(op, t: Text, state: LoweringState):
 
     def general() -> list[str]:
         return _window_reduce(t, op, fn, n, *params)
-    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general)
+    scan_combine = _window_combiner(op, func.regions[0].blocks[0], [1] * rank) if func is not None else None  # (dilations checked then)
+    return general() if scan is None else _scan_or(t, op, fn, scan, *params, general, scan_combine)
 
 
 def _constant_elements(v: ir.Value) -> list[int | None]:
