@@ -759,6 +759,37 @@ def test_recurrent_layers_run_over_sequences_of_any_length(name, make, states):
             torch.testing.assert_close(compiled(*args), model(*args), rtol=1e-5, atol=1e-5)
 
 
+class Arithmetic(torch.nn.Module):
+    """Remainders with either sign (Python's `%`: the divisor's sign), by tensors and numbers, and
+    comparisons of constant float tensors with integer numbers."""
+
+    def forward(self, a, b, f, g):
+        half = torch.full((), 2.5)
+        flags = torch.stack([half < 0, half > 0, half >= 3, half <= 2, torch.full((2,), -2.5)[0] < -2, torch.ones(()) > 0])
+        return (a % b, torch.remainder(a, -3), a % 4, f % g, torch.remainder(f, 2.5), torch.remainder(f, -1.5), flags,
+                torch.where(f > 0, f, half))
+
+
+def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
+    """`%` takes the divisor's sign in torch (torch-mlir's lowering is C's, the dividend's: -7 % 3
+    was -1, not 2); a constant float tensor compared with an integer number compares with it as a
+    float (torch-mlir's folder had `torch.full((), 2.5) < 0` true)."""
+    torch.manual_seed(3)
+
+    def inputs(n):
+        b = torch.randint(1, 6, (2, n)) * (torch.randint(0, 2, (2, n)) * 2 - 1)
+        f, g = torch.randn(2, n) * 5, torch.randn(2, n)
+        f[0, 0], f[0, 1], g[0, 1] = -0.0, 5.0, -2.5  # a zero of either sign, a multiple of the divisor
+        return torch.randint(-20, 20, (2, n)), b, f, g
+    n = Dim("n", max=100)
+    model = Arithmetic()
+    compiled = disc.compile(model, inputs(6), dynamic_shapes={"a": {1: n}, "b": {1: n}, "f": {1: n}, "g": {1: n}})
+    for size in (2, 3, 13):
+        args = inputs(size)
+        for got, want in zip(compiled(*args), model(*args)):
+            torch.testing.assert_close(got, want)
+
+
 class Histogram(torch.nn.Module):
     def __init__(self, bins: int, lo: float, hi: float):
         super().__init__()

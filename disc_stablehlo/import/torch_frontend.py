@@ -294,6 +294,18 @@ def _clamp_tensor(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A00
     return x if max is None else torch.minimum(x, max)
 
 
+def _remainder(x: Any, y: Any) -> Any:
+    """`torch.remainder` (Python's `%`: the result takes the divisor's sign) as C's remainder
+    (`fmod`, the dividend's sign) moved by the divisor where the two signs differ: torch-mlir
+    lowers it to `stablehlo.remainder`, which is C's (-7 % 3 came out -1, not 2)."""
+    import torch
+
+    if not isinstance(y, torch.Tensor):  # a number: as a 0-d tensor (torch-mlir cannot take fmod by a float constant)
+        y = torch.full((), y, dtype=torch.result_type(x, y), device=x.device)
+    r = torch.fmod(x, y)
+    return torch.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+
+
 def _bilinear_filter(t: Any) -> Any:
     import torch
 
@@ -979,7 +991,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1002,6 +1014,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten.histc.default] = _histc
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
+    table[torch.ops.aten.remainder.Tensor] = table[torch.ops.aten.remainder.Scalar] = _remainder
     table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique
@@ -1559,6 +1572,7 @@ def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) 
     constraints = tuple(dict.fromkeys([_rename(c, names) for c in _range_constraints(ep)] + _declared_ranges(dynamic_shapes)
                                       + [_rename(c, names) for c in _runtime_assertions(ep, names)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
+    _float_comparisons(ep)
     _complex_as_pairs(ep)
     _weights_in_lists(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
@@ -1680,6 +1694,25 @@ def _traced(v: Any) -> Any:
     import torch
 
     return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+
+def _float_comparisons(ep: Any) -> None:
+    """A float tensor compared with an integer number (`x > 0`) compares with that number as a
+    float, as torch does: torch-mlir's folder gets such a comparison of a constant tensor wrong
+    (`torch.full((), 2.5) < 0` folded to true, `> 2` to false)."""
+    import torch
+
+    aten = torch.ops.aten
+    comparisons = {aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.eq.Scalar, aten.ne.Scalar}
+    changed = False
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and node.target in comparisons and type(node.args[1]) is int:
+            value = getattr(node.args[0], "meta", {}).get("val")
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                node.update_arg(1, float(node.args[1]))
+                changed = True
+    if changed:
+        ep.graph_module.recompile()
 
 
 def _size_arithmetic(ep: Any) -> None:
