@@ -760,20 +760,21 @@ def test_recurrent_layers_run_over_sequences_of_any_length(name, make, states):
 
 
 class Arithmetic(torch.nn.Module):
-    """Remainders with either sign (Python's `%`: the divisor's sign), by tensors and numbers, and
-    comparisons of constant float tensors with integer numbers."""
+    """Remainders with either sign (Python's `%`: the divisor's sign), by tensors and numbers,
+    comparisons of constant float tensors with integer numbers, and rolls by more than a dim's size."""
 
     def forward(self, a, b, f, g):
         half = torch.full((), 2.5)
         flags = torch.stack([half < 0, half > 0, half >= 3, half <= 2, torch.full((2,), -2.5)[0] < -2, torch.ones(()) > 0])
         return (a % b, torch.remainder(a, -3), a % 4, f % g, torch.remainder(f, 2.5), torch.remainder(f, -1.5), flags,
-                torch.where(f > 0, f, half))
+                torch.where(f > 0, f, half), torch.roll(f, 3, dims=1), torch.roll(a, (-1, 5), dims=(0, 1)), torch.roll(f, -7))
 
 
 def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
     """`%` takes the divisor's sign in torch (torch-mlir's lowering is C's, the dividend's: -7 % 3
     was -1, not 2); a constant float tensor compared with an integer number compares with it as a
-    float (torch-mlir's folder had `torch.full((), 2.5) < 0` true)."""
+    float (torch-mlir's folder had `torch.full((), 2.5) < 0` true); a roll takes its shift modulo
+    the dim's size (torch-mlir's slices did not: a dim of 2 rolled by 3 came out wrong)."""
     torch.manual_seed(3)
 
     def inputs(n):

@@ -306,6 +306,23 @@ def _remainder(x: Any, y: Any) -> Any:
     return torch.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
 
 
+def _roll(x: Any, shifts: Any, dims: Any = ()) -> Any:
+    """`torch.roll` as a gather per dim from positions taken modulo the dim's size (torch-mlir's
+    lowering slices at the shift as it is: rolling a dim of 2 by 3 came out wrong); without dims,
+    over the flattened tensor."""
+    import torch
+
+    shifts = list(shifts) if isinstance(shifts, (list, tuple)) else [shifts]
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    if not dims:
+        return _roll(x.flatten(), shifts, [0]).view(x.shape)
+    for shift, dim in zip(shifts, dims):
+        n = x.shape[dim]
+        positions = torch.remainder(torch.arange(n, device=x.device) - shift, n)  # (slices of a start computed from n: guards)
+        x = x.index_select(dim, positions)
+    return x
+
+
 def _bilinear_filter(t: Any) -> Any:
     import torch
 
@@ -991,7 +1008,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1015,6 +1032,7 @@ def _decompositions() -> dict:
     table[torch.ops.aten._grouped_mm.default] = _aten_grouped_mm
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
     table[torch.ops.aten.remainder.Tensor] = table[torch.ops.aten.remainder.Scalar] = _remainder
+    table[torch.ops.aten.roll.default] = _roll
     table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique
