@@ -791,6 +791,32 @@ def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
             torch.testing.assert_close(got, want)
 
 
+class TensorOps(torch.nn.Module):
+    """Ops torch-mlir does not convert, decomposed or rewritten by the frontend: shifts by numbers,
+    cumulative products, isclose (infinities and NaN), k-th values, masked scatters."""
+
+    def forward(self, x, y, i, mask):
+        return (i << 2, i >> 1, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
+                *torch.kthvalue(y, 2, dim=1), torch.kthvalue(x, 1, dim=0, keepdim=True)[0], x.masked_scatter(mask, y * 10))
+
+
+def test_tensor_ops_torch_mlir_does_not_convert():
+    torch.manual_seed(4)
+
+    def inputs(b, s):
+        x, y = torch.rand(b, s) + 0.5, torch.randn(b, s)
+        y[0, :2] = x[0, :2]  # equal, and their k-th values tie
+        x[0, 0], y[0, 0], x[-1, -1], y[-1, -1] = float("inf"), float("inf"), float("nan"), float("nan")
+        return x, y, torch.randint(-50, 50, (b, s)), torch.rand(b, s) > 0.5
+    b, s = Dim("b", max=64), Dim("s", max=64)
+    model = TensorOps()
+    compiled = disc.compile(model, inputs(3, 6), dynamic_shapes={"x": {0: b, 1: s}, "y": {0: b, 1: s}, "i": {0: b, 1: s}, "mask": {0: b, 1: s}})
+    for shape in [(2, 7), (4, 3), (5, 13)]:
+        args = inputs(*shape)
+        for got, want in zip(compiled(*args), model(*args)):
+            torch.testing.assert_close(got, want, equal_nan=True)
+
+
 class Histogram(torch.nn.Module):
     def __init__(self, bins: int, lo: float, hi: float):
         super().__init__()

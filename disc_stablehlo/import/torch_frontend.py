@@ -323,6 +323,50 @@ def _roll(x: Any, shifts: Any, dims: Any = ()) -> Any:
     return x
 
 
+def _shift_by_a_number(shift: Any) -> Callable:
+    """A shift of an integer tensor by a number (`a << 2`) as the shift `shift` by a tensor of that
+    number shaped like it, which torch-mlir converts (the number's form it does not, and a 0-d
+    tensor it broadcasts with a static op to the dynamic shape)."""
+    def decomposition(x: Any, y: Any) -> Any:
+        import torch
+
+        return shift(x, torch.full_like(x, y))
+    return decomposition
+
+
+def _kthvalue(x: Any, k: int, dim: int = -1, keepdim: bool = False) -> Any:
+    """`torch.kthvalue` (which torch-mlir does not convert): the k-th of a stable sort, the first
+    position among equal values."""
+    import torch
+
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    values, indices = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
+def _isclose(x: Any, y: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Any:
+    """`torch.isclose` (which torch-mlir does not convert, nor torch's reference): equal, or a
+    finite difference within atol + rtol * |y|; NaNs equal when asked; integers compared as f64."""
+    import torch
+
+    if not x.is_floating_point():
+        x, y = x.to(torch.float64), y.to(torch.float64)
+    error = (x - y).abs()
+    close = (x == y) | (torch.isfinite(error) & (error <= atol + rtol * y.abs()))
+    return close | (x.isnan() & y.isnan()) if equal_nan else close
+
+
+def _masked_scatter(x: Any, mask: Any, source: Any) -> Any:
+    """`Tensor.masked_scatter` (which torch-mlir does not convert): the positions the mask selects,
+    in row-major order, take the source's elements in order, through a prefix sum of the mask."""
+    import torch
+
+    mask = mask.expand_as(x)
+    taken = torch.cumsum(mask.flatten().to(torch.int64), 0) - 1
+    values = source.flatten().index_select(0, taken.clamp(0, source.numel() - 1)).view_as(x)
+    return torch.where(mask, values, x)
+
+
 def _bilinear_filter(t: Any) -> Any:
     import torch
 
@@ -1008,7 +1052,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts by numbers, isclose, k-th values, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1033,6 +1077,12 @@ def _decompositions() -> dict:
     table[torch.ops.aten.clamp.Tensor] = _clamp_tensor
     table[torch.ops.aten.remainder.Tensor] = table[torch.ops.aten.remainder.Scalar] = _remainder
     table[torch.ops.aten.roll.default] = _roll
+    aten = torch.ops.aten
+    table[aten.__lshift__.Scalar] = table[aten.bitwise_left_shift.Tensor_Scalar] = _shift_by_a_number(aten.bitwise_left_shift.Tensor)
+    table[aten.__rshift__.Scalar] = table[aten.bitwise_right_shift.Tensor_Scalar] = _shift_by_a_number(aten.bitwise_right_shift.Tensor)
+    table[aten.isclose.default] = _isclose
+    table[aten.kthvalue.default] = _kthvalue
+    table[aten.masked_scatter.default] = _masked_scatter
     table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique

@@ -2,8 +2,9 @@
 and our own operators, rewritten in its torch-dialect module (between the FX import and the
 StableHLO conversion) into calls of functions written here in StableHLO between `torch_c` casts:
 
-- `aten.cumsum`: a `dynamic_reduce_window` over the whole dim (torch-mlir's own lowering needs
-  the dim static); compiled as a one-pass scan (passes/region_ops.py);
+- `aten.cumsum` and `aten.cumprod`: a `dynamic_reduce_window` over the whole dim (torch-mlir's own
+  lowering of cumsum needs the dim static, and it has none of cumprod); compiled as a one-pass
+  scan (passes/region_ops.py);
 - `aten.sort`: a `stablehlo.sort` with an index operand from `dynamic_iota` (torch-mlir's builds
   a `stablehlo.iota` of dynamic shape, which StableHLO forbids), NaN above everything as in torch;
 - `aten.topk`: the k largest as JAX's `stablehlo.composite "chlo.top_k"` (a selection,
@@ -340,12 +341,14 @@ class _Rewriter:
             old.replace_all_uses_with(new)
         op.erase()
 
-    def prefix_sum(self, b: Body, v: str, shape: list[int | None], elem: str, dim: int) -> tuple[str, str]:
-        """The inclusive sum of `v` along `dim` (a `dynamic_reduce_window` over the whole dim, which
-        the compiler runs as a one-pass scan) and the text of its combiner."""
+    def prefix_sum(self, b: Body, v: str, shape: list[int | None], elem: str, dim: int, combiner: str = "add") -> tuple[str, str]:
+        """The inclusive sum (or product: `combiner` "multiply") of `v` along `dim` (a
+        `dynamic_reduce_window` over the whole dim, which the compiler runs as a one-pass scan) and
+        the text of its combiner."""
         rank = len(shape)
-        add = self.name("add")
-        zero = b(f"stablehlo.constant dense<{'0.0' if is_float(elem) else '0'}> : tensor<{elem}>")
+        add = self.name(combiner)
+        identity = "0" if combiner == "add" else "1"
+        zero = b(f"stablehlo.constant dense<{identity + '.0' if is_float(elem) else identity}> : tensor<{elem}>")
         n = b.size(v, shape, elem, dim)
         one, nothing = b.i32(1, 1), b.i32(0, 1)
         window = b.vector([n if d == dim else one for d in range(rank)])
@@ -359,20 +362,22 @@ class _Rewriter:
               f"{{api_version = 2 : i32, called_computations = [@{add}]}} : "
               f"({ty}, tensor<{elem}>, {vec}, {vec}, {vec}, {vec}, tensor<{rank}x2xi32>) -> {ty}")
         s = f"tensor<{elem}>"
-        return y, f"func.func private @{add}(%a: {s}, %b: {s}) -> {s} {{\n  %r = stablehlo.add %a, %b : {s}\n  return %r : {s}\n}}"
+        return y, f"func.func private @{add}(%a: {s}, %b: {s}) -> {s} {{\n  %r = stablehlo.{combiner} %a, %b : {s}\n  return %r : {s}\n}}"
 
     def cumsum(self, op: Any) -> None:
+        """`aten.cumsum` and `aten.cumprod` (which torch-mlir does not convert at all)."""
         x, dim = op.operands[0], _constant_operand(op.operands[1])
         shape, elem = _builtin(x.type)
         out_elem = _builtin(op.results[0].type)[1]
+        combiner = "multiply" if op.name == "torch.aten.cumprod" else "add"
 
         def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             v = args[0]
             if out_elem != elem:
                 v = b(f"stablehlo.convert {v} : ({tensor_type(shape, elem)}) -> {tensor_type(shape, out_elem)}")
-            y, add = self.prefix_sum(b, v, shape, out_elem, dim % len(shape))
+            y, add = self.prefix_sum(b, v, shape, out_elem, dim % len(shape), combiner)
             return [y], [add]
-        self.replace(op, "cumsum", [x], build)
+        self.replace(op, combiner, [x], build)
 
     def check(self, op: Any) -> None:
         """`disc::check` (torch_frontend.check_op: torch.export's assertions over sizes the data
@@ -654,7 +659,7 @@ class _Rewriter:
 # decomposition, a sort)
 OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check, "torch.disc.fft": _Rewriter.fft,
              "torch.disc.lstm": _Rewriter.recurrent, "torch.disc.rnn": _Rewriter.recurrent}
-REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
+REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.cumprod": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
             "torch.aten.repeat_interleave.Tensor": _Rewriter.repeat_interleave, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
 LEGAL_OPS = ["aten.topk", "aten.nonzero", "aten.repeat_interleave.Tensor"]
