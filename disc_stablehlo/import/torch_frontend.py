@@ -1641,6 +1641,7 @@ def _export_torch(model: Any, *example_inputs: Any, dynamic_shapes: Any = None) 
                                       + [_rename(c, names) for c in _runtime_assertions(ep, names)]))  # (tracing again adds the last)
     _size_arithmetic(ep)
     _float_comparisons(ep)
+    _tensors_first(ep)
     _complex_as_pairs(ep)
     _weights_in_lists(ep)
     for node in ep.graph.nodes:  # provenance the compiler does not read, with ids of this process's objects
@@ -1762,6 +1763,28 @@ def _traced(v: Any) -> Any:
     import torch
 
     return v.meta.get("val") if isinstance(v, torch.fx.Node) else v
+
+
+def _tensors_first(ep: Any) -> None:
+    """`sub`, `add` and `mul` of a number (a size) and a tensor in that order, which torch's
+    decompositions write (reflection padding's `n - 1 - |i|`) and torch-mlir refuses (its
+    operand 0 must be a tensor): `rsub` of the tensor, or the operands swapped."""
+    import torch
+
+    aten = torch.ops.aten
+    changed = False
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target not in (aten.sub.Tensor, aten.add.Tensor, aten.mul.Tensor) or node.kwargs:
+            continue
+        first, second = node.args[:2]
+        if isinstance(_traced(first), torch.Tensor) or not isinstance(_traced(second), torch.Tensor):
+            continue
+        node.args = (second, first)
+        if node.target is aten.sub.Tensor:
+            node.target = aten.rsub.Scalar
+        changed = True
+    if changed:
+        ep.graph_module.recompile()
 
 
 def _float_comparisons(ep: Any) -> None:
