@@ -792,12 +792,13 @@ def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
 
 
 class TensorOps(torch.nn.Module):
-    """Ops torch-mlir does not convert, decomposed or rewritten by the frontend: shifts by numbers,
-    cumulative products, isclose (infinities and NaN), k-th values, masked scatters, and reflection
-    and replication padding (torch's decomposition subtracts a tensor from a size)."""
+    """Ops torch-mlir does not convert, decomposed or rewritten by the frontend: shifts and bitwise
+    ops with numbers, cumulative products, isclose (infinities and NaN), k-th values, masked
+    scatters, and reflection and replication padding (torch's decomposition subtracts a tensor
+    from a size)."""
 
     def forward(self, x, y, i, mask):
-        return (i << 2, i >> 1, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
+        return (i << 2, i >> 1, i & 6, i ^ 5, mask | True, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
                 *torch.kthvalue(y, 2, dim=1), torch.kthvalue(x, 1, dim=0, keepdim=True)[0], x.masked_scatter(mask, y * 10),
                 torch.nn.functional.pad(y, (1, 2), mode="reflect"), torch.nn.functional.pad(y[None], (2, 1, 1, 1), mode="reflect"),
                 torch.nn.functional.pad(y, (2, 3), mode="replicate"))

@@ -323,14 +323,14 @@ def _roll(x: Any, shifts: Any, dims: Any = ()) -> Any:
     return x
 
 
-def _shift_by_a_number(shift: Any) -> Callable:
-    """A shift of an integer tensor by a number (`a << 2`) as the shift `shift` by a tensor of that
-    number shaped like it, which torch-mlir converts (the number's form it does not, and a 0-d
-    tensor it broadcasts with a static op to the dynamic shape)."""
+def _with_a_tensor_of_the_number(op: Any) -> Callable:
+    """An op of a tensor and a number that torch-mlir does not convert (a shift `a << 2`, a
+    bitwise `mask | True`) as the tensor form `op` with a tensor of that number shaped like the
+    tensor (a 0-d one torch-mlir broadcasts with a static op to the dynamic shape)."""
     def decomposition(x: Any, y: Any) -> Any:
         import torch
 
-        return shift(x, torch.full_like(x, y))
+        return op(x, torch.full_like(x, y))
     return decomposition
 
 
@@ -1052,7 +1052,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts by numbers, isclose, k-th values, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1078,8 +1078,11 @@ def _decompositions() -> dict:
     table[torch.ops.aten.remainder.Tensor] = table[torch.ops.aten.remainder.Scalar] = _remainder
     table[torch.ops.aten.roll.default] = _roll
     aten = torch.ops.aten
-    table[aten.__lshift__.Scalar] = table[aten.bitwise_left_shift.Tensor_Scalar] = _shift_by_a_number(aten.bitwise_left_shift.Tensor)
-    table[aten.__rshift__.Scalar] = table[aten.bitwise_right_shift.Tensor_Scalar] = _shift_by_a_number(aten.bitwise_right_shift.Tensor)
+    for scalar, tensor in ((aten.__lshift__.Scalar, aten.bitwise_left_shift.Tensor), (aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Tensor),
+                           (aten.__rshift__.Scalar, aten.bitwise_right_shift.Tensor), (aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Tensor),
+                           (aten.bitwise_and.Scalar, aten.bitwise_and.Tensor), (aten.bitwise_or.Scalar, aten.bitwise_or.Tensor),
+                           (aten.bitwise_xor.Scalar, aten.bitwise_xor.Tensor)):
+        table[scalar] = _with_a_tensor_of_the_number(tensor)
     table[aten.isclose.default] = _isclose
     table[aten.kthvalue.default] = _kthvalue
     table[aten.masked_scatter.default] = _masked_scatter
