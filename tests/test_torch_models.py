@@ -793,12 +793,15 @@ def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
 
 class TensorOps(torch.nn.Module):
     """Ops torch-mlir does not convert, decomposed or rewritten by the frontend: shifts and bitwise
-    ops with numbers, cumulative products, isclose (infinities and NaN), k-th values, masked
-    scatters, and reflection and replication padding (torch's decomposition subtracts a tensor
-    from a size)."""
+    ops with numbers, cumulative products, isclose (infinities and NaN), k-th values, medians (NaN
+    rows), bucketize and searchsorted (values on boundaries), addmv, masked scatters, and
+    reflection and replication padding (torch's decomposition subtracts a tensor from a size)."""
 
     def forward(self, x, y, i, mask):
-        return (i << 2, i >> 1, i & 6, i ^ 5, mask | True, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
+        boundaries = torch.tensor([-1.0, -0.25, 0.0, 0.5, 2.0])
+        return (torch.median(y, dim=1), torch.median(y[:, 1:]), torch.bucketize(y, boundaries), torch.bucketize(y, boundaries, right=True),
+                torch.searchsorted(torch.sort(y.nan_to_num(), 1)[0], x, side="right"), torch.addmv(x[:, 0], y, x[0], beta=0.5, alpha=2),
+                i << 2, i >> 1, i & 6, i ^ 5, mask | True, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
                 *torch.kthvalue(y, 2, dim=1), torch.kthvalue(x, 1, dim=0, keepdim=True)[0], x.masked_scatter(mask, y * 10),
                 torch.nn.functional.pad(y, (1, 2), mode="reflect"), torch.nn.functional.pad(y[None], (2, 1, 1, 1), mode="reflect"),
                 torch.nn.functional.pad(y, (2, 3), mode="replicate"))
@@ -810,6 +813,7 @@ def test_tensor_ops_torch_mlir_does_not_convert():
     def inputs(b, s):
         x, y = torch.rand(b, s) + 0.5, torch.randn(b, s)
         y[0, :2] = x[0, :2]  # equal, and their k-th values tie
+        y[-1, 2] = 0.5  # on a boundary
         x[0, 0], y[0, 0], x[-1, -1], y[-1, -1] = float("inf"), float("inf"), float("nan"), float("nan")
         return x, y, torch.randint(-50, 50, (b, s)), torch.rand(b, s) > 0.5
     b, s = Dim("b", max=64), Dim("s", max=64)

@@ -356,6 +356,55 @@ def _isclose(x: Any, y: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: 
     return close | (x.isnan() & y.isnan()) if equal_nan else close
 
 
+def _median(x: Any, dim: int | None = None, keepdim: bool = False) -> Any:
+    """`torch.median` (which torch-mlir does not convert): the lower middle of a stable sort along
+    `dim` (over all elements without one); a row holding NaN gives NaN and its first NaN's index, as torch."""
+    import torch
+
+    if dim is None:
+        return _median(x.flatten(), 0)[0]
+    values, indices = torch.sort(x, dim=dim, stable=True)
+    middle = (x.shape[dim] - 1) // 2
+    values, indices = values.narrow(dim, middle, 1), indices.narrow(dim, middle, 1)
+    if x.is_floating_point():  # a row with NaN: NaN, at its first
+        nan = x.isnan()
+        held = nan.any(dim, keepdim=True)
+        values = torch.where(held, torch.full_like(values, float("nan")), values)
+        indices = torch.where(held, nan.to(torch.int8).argmax(dim, keepdim=True), indices)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
+def _searchsorted(sorted_sequence: Any, values: Any, *, out_int32: bool = False, right: bool = False, side: str | None = None,
+                  sorter: Any = None) -> Any:
+    """`torch.searchsorted` (and `bucketize`, its arguments swapped; torch-mlir converts neither):
+    how many of the sorted row's elements are below each value (at most it, `right`), by
+    comparing each value with the whole row: boundaries are few where these are used."""
+    import torch
+
+    if sorter is not None:
+        raise UnsupportedOpError("torch.searchsorted with a sorter is not compiled: sort the sequence first")
+    if not isinstance(values, torch.Tensor):
+        values = torch.full((), values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
+    # torch's binary search moves on where not s >= v (not s > v): NaN values count past every element
+    above = torch.gt if right or side == "right" else torch.ge
+    row = sorted_sequence if sorted_sequence.dim() == 1 else sorted_sequence.unsqueeze(-2)
+    counts = above(row, values.unsqueeze(-1)).logical_not().sum(-1)
+    return counts.to(torch.int32 if out_int32 else torch.int64)
+
+
+def _bucketize(x: Any, boundaries: Any, *, out_int32: bool = False, right: bool = False) -> Any:
+    return _searchsorted(boundaries, x, out_int32=out_int32, right=right)
+
+
+def _addmv(x: Any, matrix: Any, vector: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """`torch.addmv` (which torch-mlir does not convert): beta x + alpha (matrix @ vector)."""
+    import torch
+
+    product = torch.mv(matrix, vector)
+    product = product if alpha == 1 else product * alpha
+    return product if beta == 0 else (x if beta == 1 else x * beta) + product
+
+
 def _masked_scatter(x: Any, mask: Any, source: Any) -> Any:
     """`Tensor.masked_scatter` (which torch-mlir does not convert): the positions the mask selects,
     in row-major order, take the source's elements in order, through a prefix sum of the mask."""
@@ -1052,7 +1101,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1086,6 +1135,10 @@ def _decompositions() -> dict:
     table[aten.isclose.default] = _isclose
     table[aten.kthvalue.default] = _kthvalue
     table[aten.masked_scatter.default] = _masked_scatter
+    table[aten.median.default] = table[aten.median.dim] = _median
+    table[aten.searchsorted.Tensor] = table[aten.searchsorted.Scalar] = _searchsorted
+    table[aten.bucketize.Tensor] = table[aten.bucketize.Scalar] = _bucketize
+    table[aten.addmv.default] = _addmv
     table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique
