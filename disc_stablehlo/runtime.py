@@ -723,6 +723,8 @@ class CompiledFunction:
                 raise ShapeError(f"expected {b.num_flat_args} array arguments, got {len(leaves)}")
             if self._select is not None:
                 leaves = [leaves[i] for i in self._select]
+        if len(leaves) != len(self.signature.args):  # (extra ones were dropped by the zips below)
+            raise ShapeError(f"expected {len(self.signature.args)} array arguments, got {len(leaves)}")
         if self._exe.gpu and any(_on_gpu(x, kind) for x in leaves):
             outs = self._run_on_gpu(leaves, kind)
         elif kind == "numpy":  # lists and other array-likes are made arrays where the call path needs it

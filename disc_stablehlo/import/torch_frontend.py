@@ -156,6 +156,20 @@ def _max_pool(n: int, floor_mode: Callable | None) -> Callable:
     return pool
 
 
+def _max_pool_with_indices(n: int) -> Callable:
+    """max_pool{n}d_with_indices without strides (`F.max_pool2d(x, 2, return_indices=True)`) with its
+    windows' sizes as strides, as torch takes them: torch-mlir took none as 1 (windows overlapping:
+    wrong values and indices)."""
+    def pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1, ceil_mode: bool = False) -> Any:
+        import torch
+
+        if stride:
+            return NotImplemented  # the op itself
+        op = getattr(torch.ops.aten, f"max_pool{n}d_with_indices").default
+        return op(x, kernel_size, _windows(n, kernel_size, stride, padding)[1], padding, dilation, ceil_mode)
+    return pool
+
+
 def _avg_pool(n: int) -> Callable:
     """avg_pool{n}d in ceil mode, or with a divisor given, as floor mode over the input padded with
     zeros, divided by the share of each window PyTorch counts (inside the padded input with
@@ -403,6 +417,30 @@ def _addmv(x: Any, matrix: Any, vector: Any, *, beta: Any = 1, alpha: Any = 1) -
     product = torch.mv(matrix, vector)
     product = product if alpha == 1 else product * alpha
     return product if beta == 0 else (x if beta == 1 else x * beta) + product
+
+
+def _reduced_dims(x: Any, dim: Any) -> list[int]:
+    """The dims a reduction's `dim` argument names (none or empty: all)."""
+    if dim is None or (isinstance(dim, (list, tuple)) and not dim):
+        return list(range(x.dim()))
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def _var(x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    """`torch.var` (and `std`, `var_mean`, which call it) as its sum of squared deviations over
+    max(0, n - correction) (1 by default): torch-mlir's lowering asserts that the correction fits
+    the dims' product, which it cannot check for dynamic dims."""
+    import torch
+
+    dims = _reduced_dims(x, dim)
+    deviations = x - x.mean(dims, keepdim=True)
+    total = (deviations.abs() if x.is_complex() else deviations).square().sum(dims, keepdim=keepdim)
+    count = torch.full((), math.prod(x.shape[d] for d in dims), dtype=total.dtype, device=x.device)
+    return total / (count - (1 if correction is None else correction)).clamp(min=0)
+
+
+def _var_mean(x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    return _var(x, dim, correction=correction, keepdim=keepdim), x.mean(_reduced_dims(x, dim), keepdim=keepdim)
 
 
 def _masked_scatter(x: Any, mask: Any, source: Any) -> Any:
@@ -1101,7 +1139,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, variances over dynamic dims, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1139,6 +1177,8 @@ def _decompositions() -> dict:
     table[aten.searchsorted.Tensor] = table[aten.searchsorted.Scalar] = _searchsorted
     table[aten.bucketize.Tensor] = table[aten.bucketize.Scalar] = _bucketize
     table[aten.addmv.default] = _addmv
+    table[aten.var.correction] = _var
+    table[aten.var_mean.correction] = _var_mean
     table[torch.ops.aten.masked_select.default] = _masked_select
     table[torch.ops.aten.split_with_sizes.default] = _split_with_sizes
     table[torch.ops.aten._unique2.default] = _unique
@@ -1168,8 +1208,9 @@ def _decompositions() -> dict:
         if n > 1:  # adaptive_max_pool1d becomes 2-d
             adaptive_max = getattr(torch.ops.aten, f"adaptive_max_pool{n}d").default
             table[adaptive_max] = _adaptive_max_pool(n, table.get(adaptive_max))
-    for n in (2, 3):  # avg_pool1d becomes avg_pool2d
+    for n in (2, 3):  # avg_pool1d becomes avg_pool2d, max_pool1d with indices max_pool2d's
         table[getattr(torch.ops.aten, f"avg_pool{n}d").default] = _avg_pool(n)
+        table[getattr(torch.ops.aten, f"max_pool{n}d_with_indices").default] = _max_pool_with_indices(n)
     return table
 
 
