@@ -339,7 +339,7 @@ def _roll(x: Any, shifts: Any, dims: Any = ()) -> Any:
 
 def _with_a_tensor_of_the_number(op: Any) -> Callable:
     """An op of a tensor and a number that torch-mlir does not convert (a shift `a << 2`, a
-    bitwise `mask | True`) as the tensor form `op` with a tensor of that number shaped like the
+    bitwise `mask | True`, `fmod` by a float) as the tensor form `op` with a tensor of that number shaped like the
     tensor (a 0-d one torch-mlir broadcasts with a static op to the dynamic shape)."""
     def decomposition(x: Any, y: Any) -> Any:
         import torch
@@ -417,6 +417,11 @@ def _addmv(x: Any, matrix: Any, vector: Any, *, beta: Any = 1, alpha: Any = 1) -
     product = torch.mv(matrix, vector)
     product = product if alpha == 1 else product * alpha
     return product if beta == 0 else (x if beta == 1 else x * beta) + product
+
+
+def _hypot(x: Any, y: Any) -> Any:
+    """`torch.hypot` (which torch-mlir does not convert)."""
+    return (x * x + y * y).sqrt()
 
 
 def _reduced_dims(x: Any, dim: Any) -> list[int]:
@@ -1139,7 +1144,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, variances over dynamic dims, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, variances over dynamic dims, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1168,7 +1173,7 @@ def _decompositions() -> dict:
     for scalar, tensor in ((aten.__lshift__.Scalar, aten.bitwise_left_shift.Tensor), (aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Tensor),
                            (aten.__rshift__.Scalar, aten.bitwise_right_shift.Tensor), (aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Tensor),
                            (aten.bitwise_and.Scalar, aten.bitwise_and.Tensor), (aten.bitwise_or.Scalar, aten.bitwise_or.Tensor),
-                           (aten.bitwise_xor.Scalar, aten.bitwise_xor.Tensor)):
+                           (aten.bitwise_xor.Scalar, aten.bitwise_xor.Tensor), (aten.fmod.Scalar, aten.fmod.Tensor)):
         table[scalar] = _with_a_tensor_of_the_number(tensor)
     table[aten.isclose.default] = _isclose
     table[aten.kthvalue.default] = _kthvalue
@@ -1177,6 +1182,7 @@ def _decompositions() -> dict:
     table[aten.searchsorted.Tensor] = table[aten.searchsorted.Scalar] = _searchsorted
     table[aten.bucketize.Tensor] = table[aten.bucketize.Scalar] = _bucketize
     table[aten.addmv.default] = _addmv
+    table[aten.hypot.default] = _hypot
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
     table[torch.ops.aten.masked_select.default] = _masked_select
@@ -2221,6 +2227,20 @@ def _functional_form(node: Any) -> Any:
     return functional
 
 
+def _unconverted_op(text: str) -> str | None:
+    """What torch-mlir's error says it could not convert, in the user's terms, or None."""
+    m = re.search(r'failed to legalize operation \'torch\.operator\'.*?name = "torch\.([\w.]+)"', text) or \
+        re.search(r"failed to legalize operation 'torch\.((?:aten|prims)\.[\w.]+)'", text)
+    if m:
+        return f"torch-mlir cannot convert {m.group(1)} (for these sizes and arguments)"
+    if re.search(r"failed to legalize operation 'torch\.constant\.(int|float|bool|str|none)'", text):
+        return "torch-mlir cannot convert an op with a constant argument it does not take (its error names the constant, not the op)"
+    if "Unimplemented call_function: target=<function sym_float" in text:
+        return ("torch-mlir cannot import a size converted to a float (sym_float: a fractional scale of interpolation, "
+                "quantile, a size times a float)")
+    return None
+
+
 def _restore_list_values(graph: Any) -> None:
     """A saved program comes back with the values of ops returning a tensor list (`split`, GRU's
     gates) as tuples, which torch-mlir takes for several results: made lists again; and without
@@ -2315,7 +2335,9 @@ def import_torch(source: Source) -> Imported:
         definitions = lower_to_stablehlo(mlir)
     except Exception as e:
         details = "".join(f"\n  {m}" for m in dict.fromkeys(diagnostics))
-        raise CompileError(f"torch-mlir could not convert the exported program to StableHLO: {str(e).strip()}{details}") from None
+        message = f"torch-mlir could not convert the exported program to StableHLO: {str(e).strip()}{details}"
+        named = _unconverted_op(f"{e}{details}")
+        raise (UnsupportedOpError(f"{named}: {message}") if named else CompileError(message)) from None
     module = parse_stablehlo(str(mlir))
     with module.context:
         define_functions(module, definitions)
