@@ -419,6 +419,14 @@ def _addmv(x: Any, matrix: Any, vector: Any, *, beta: Any = 1, alpha: Any = 1) -
     return product if beta == 0 else (x if beta == 1 else x * beta) + product
 
 
+def _rrelu(x: Any, lower: float = 0.125, upper: float = 1 / 3, training: bool = False, generator: Any = None) -> Any:
+    """`nn.RReLU` in inference: a leaky ReLU of the bounds' mean slope (its noise is drawn in
+    training only, which stays refused as random sampling)."""
+    import torch
+
+    return NotImplemented if training else torch.nn.functional.leaky_relu(x, (lower + upper) / 2)
+
+
 def _hypot(x: Any, y: Any) -> Any:
     """`torch.hypot` (which torch-mlir does not convert)."""
     return (x * x + y * y).sqrt()
@@ -1144,7 +1152,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, variances over dynamic dims, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, RReLU in inference, variances over dynamic dims, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1183,6 +1191,7 @@ def _decompositions() -> dict:
     table[aten.bucketize.Tensor] = table[aten.bucketize.Scalar] = _bucketize
     table[aten.addmv.default] = _addmv
     table[aten.hypot.default] = _hypot
+    table[aten.rrelu.default] = _rrelu
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
     table[torch.ops.aten.masked_select.default] = _masked_select
