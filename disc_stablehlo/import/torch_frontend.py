@@ -427,6 +427,42 @@ def _rrelu(x: Any, lower: float = 0.125, upper: float = 1 / 3, training: bool = 
     return NotImplemented if training else torch.nn.functional.leaky_relu(x, (lower + upper) / 2)
 
 
+def _diagonal(x: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """`Tensor.diagonal` (torch-mlir's lowering refuses it over dynamic dims) as a gather from the
+    two dims moved last and flattened: element i of the diagonal is at (i + r) * columns + i + c."""
+    import torch
+
+    first, second = dim1 % x.dim(), dim2 % x.dim()
+    rows, columns = x.shape[first], x.shape[second]
+    r, c = max(0, -offset), max(0, offset)
+    count = torch.sym_max(0, torch.sym_min(rows - r, columns - c))
+    moved = x.movedim((first, second), (-2, -1)).flatten(-2)
+    positions = torch.arange(count, device=x.device) * (columns + 1) + (r * columns + c)
+    return moved.index_select(-1, positions)
+
+
+def _copysign(x: Any, y: Any) -> Any:
+    """`torch.copysign` (torch's decomposition reads the sign bit through a dtype view, which
+    torch-mlir cannot convert): |x| negated where y is negative or -0.0."""
+    import torch
+
+    if not isinstance(y, torch.Tensor):
+        y = torch.full_like(x, y)
+    negative = (y < 0) | ((y == 0) & (1 / y < 0))
+    return torch.where(negative, -x.abs(), x.abs())
+
+
+def _bilinear(x1: Any, x2: Any, weight: Any, bias: Any = None) -> Any:
+    """`nn.Bilinear` (torch-mlir's lowering asserts its operands broadcast, which it cannot check for
+    dynamic dims): x1 times the weight's [in1, out * in2] view as one product, then each output's
+    row of in2 multiplied by x2 and summed."""
+    out, in1, in2 = weight.shape
+    lead = x1.shape[:-1]
+    y = (x1.reshape(-1, in1) @ weight.permute(1, 0, 2).reshape(in1, out * in2)).reshape(-1, out, in2)
+    y = (y * x2.reshape(-1, 1, in2)).sum(-1).reshape(*lead, out)
+    return y if bias is None else y + bias
+
+
 def _hypot(x: Any, y: Any) -> Any:
     """`torch.hypot` (which torch-mlir does not convert)."""
     return (x * x + y * y).sqrt()
@@ -1152,7 +1188,7 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, RReLU in inference, variances over dynamic dims, masked scatters, products, quotients,
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, copysign, bilinear layers, diagonals of negative dims, RReLU in inference, variances over dynamic dims, masked scatters, products, quotients,
     conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
@@ -1191,6 +1227,9 @@ def _decompositions() -> dict:
     table[aten.bucketize.Tensor] = table[aten.bucketize.Scalar] = _bucketize
     table[aten.addmv.default] = _addmv
     table[aten.hypot.default] = _hypot
+    table[aten.diagonal.default] = _diagonal
+    table[aten.copysign.Tensor] = table[aten.copysign.Scalar] = _copysign
+    table[aten.bilinear.default] = _bilinear
     table[aten.rrelu.default] = _rrelu
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
