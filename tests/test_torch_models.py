@@ -793,12 +793,12 @@ def test_remainders_and_comparisons_with_numbers_as_torch_computes_them():
 
 class TensorOps(torch.nn.Module):
     """Ops torch-mlir does not convert, decomposed or rewritten by the frontend: shifts and bitwise
-    ops with numbers, cumulative products, isclose (infinities and NaN), k-th values, medians (NaN
-    rows), bucketize and searchsorted (values on boundaries), addmv, hypot, copysign (-0.0),
-    diagonals (negative dims, offsets), bilinear layers, RReLU in inference, fmod by a float,
-    variances over dynamic dims (torch-mlir asserted the correction against them), max pooling
-    with indices and no stride, masked scatters, and reflection and replication padding (torch's
-    decomposition subtracts a tensor from a size)."""
+    ops with numbers, cumulative products, maxima and minima (NaN, ties), isclose (infinities and
+    NaN), k-th values, medians (NaN rows), bucketize and searchsorted (values on boundaries),
+    addmv, hypot, copysign (-0.0), diagonals (negative dims, offsets), bilinear layers, RReLU in
+    inference, fmod by a float, variances over dynamic dims (torch-mlir asserted the correction
+    against them), max pooling with indices and no stride, masked scatters, and reflection and
+    replication padding (torch's decomposition subtracts a tensor from a size)."""
 
     def __init__(self):
         super().__init__()
@@ -806,14 +806,16 @@ class TensorOps(torch.nn.Module):
 
     def forward(self, x, y, i, mask):
         boundaries = torch.tensor([-1.0, -0.25, 0.0, 0.5, 2.0])
+        pad = torch.nn.functional.pad
         return (torch.median(y, dim=1), torch.median(y[:, 1:]), torch.bucketize(y, boundaries), torch.bucketize(y, boundaries, right=True),
                 torch.searchsorted(torch.sort(y.nan_to_num(), 1)[0], x, side="right"), torch.addmv(x[:, 0], y, x[0], beta=0.5, alpha=2),
                 x.std(1), torch.var_mean(y.nan_to_num(), 0), torch.nn.functional.max_pool2d(i[None].float(), (1, 2), return_indices=True),
                 torch.hypot(x, y), torch.nn.functional.rrelu(y, 0.1, 0.3), torch.fmod(y, 0.7), torch.copysign(x, y), torch.copysign(y, -0.0),
-                y.diagonal(), x.diagonal(-1, dim1=-1, dim2=0), self.bilinear(x[:, :2], y[:, 1:3]), torch.fmod(i, 3), i << 2, i >> 1, i & 6, i ^ 5, mask | True, torch.cumprod(x, dim=1), torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
+                y.diagonal(), x.diagonal(-1, dim1=-1, dim2=0), self.bilinear(x[:, :2], y[:, 1:3]), torch.fmod(i, 3),
+                i << 2, i >> 1, i & 6, i ^ 5, mask | True, torch.cumprod(x, dim=1), *torch.cummax(y, 1), *torch.cummin(i, 0),
+                torch.isclose(x, y, atol=0.5), torch.isclose(x, y, equal_nan=True),
                 *torch.kthvalue(y, 2, dim=1), torch.kthvalue(x, 1, dim=0, keepdim=True)[0], x.masked_scatter(mask, y * 10),
-                torch.nn.functional.pad(y, (1, 2), mode="reflect"), torch.nn.functional.pad(y[None], (2, 1, 1, 1), mode="reflect"),
-                torch.nn.functional.pad(y, (2, 3), mode="replicate"))
+                pad(y, (1, 2), mode="reflect"), pad(y[None], (2, 1, 1, 1), mode="reflect"), pad(y, (2, 3), mode="replicate"))
 
 
 def test_tensor_ops_torch_mlir_does_not_convert():
@@ -944,8 +946,8 @@ class LibraryOp(torch.nn.Module):
 
 def test_an_op_torch_mlir_cannot_convert_is_refused_by_name():
     """torch-mlir's conversion failure names the op: an UnsupportedOpError saying which."""
-    model = type("CumMax", (torch.nn.Module,), {"forward": lambda self, x: torch.cummax(x, 1)[0]})()
-    with pytest.raises(disc.UnsupportedOpError, match="torch-mlir cannot convert aten.cummax"):
+    model = type("Mode", (torch.nn.Module,), {"forward": lambda self, x: torch.mode(x, 1)[0]})()
+    with pytest.raises(disc.UnsupportedOpError, match="torch-mlir cannot convert aten.mode"):
         disc.compile(model, (torch.randn(3, 6),), dynamic_shapes={"x": {1: Dim("s", max=64)}})
 
 

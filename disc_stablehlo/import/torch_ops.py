@@ -18,6 +18,8 @@ StableHLO conversion) into calls of functions written here in StableHLO between 
   custom call for the RAL's grouped GEMM (ops.GROUPED_GEMM_TARGET); `disc::check` (an assertion
   over sizes the data decides) and `disc::fft` (torch.fft's transforms) likewise become our custom
   calls `ops.ASSERT_TARGET` and `ops.FFT_TARGET`;
+- `aten.cummax` and `aten.cummin` (operators torch-mlir has no conversion for): a running maximum
+  (minimum) as a scan, and each position's index as a running maximum of the positions holding it;
 - `disc::lstm` and `disc::rnn` (torch_frontend.recurrent_ops: nn.LSTM, nn.GRU and nn.RNN, which
   torch.export would unroll over a sequence of fixed length): per layer and direction, one
   product for every step's input, then a `stablehlo.while` over the sequence (`_Recurrence`).
@@ -106,6 +108,13 @@ def _function(name: str, params: list[str], results: list[str], body: Body, retu
     args = ", ".join(f"%p{i}: {t}" for i, t in enumerate(params))
     text = "\n  ".join(body.lines + [f"return {', '.join(returned)} : {', '.join(results)}" if returned else "return"])
     return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
+
+
+def _operator_name(op: Any) -> str:
+    """A `torch.operator`'s operator name (`torch.aten.cummax`)."""
+    from torch_mlir import ir
+
+    return ir.StringAttr(op.attributes["name"]).value
 
 
 def _list_items(value: Any) -> list[Any]:
@@ -342,13 +351,16 @@ class _Rewriter:
         op.erase()
 
     def prefix_sum(self, b: Body, v: str, shape: list[int | None], elem: str, dim: int, combiner: str = "add") -> tuple[str, str]:
-        """The inclusive sum (or product: `combiner` "multiply") of `v` along `dim` (a
+        """The inclusive sum (or `combiner`: "multiply", "maximum", "minimum") of `v` along `dim` (a
         `dynamic_reduce_window` over the whole dim, which the compiler runs as a one-pass scan) and
         the text of its combiner."""
         rank = len(shape)
         add = self.name(combiner)
-        identity = "0" if combiner == "add" else "1"
-        zero = b(f"stablehlo.constant dense<{identity + '.0' if is_float(elem) else identity}> : tensor<{elem}>")
+        if combiner in ("maximum", "minimum"):
+            identity = _extreme(elem, low=combiner == "maximum")
+        else:
+            identity = ("0" if combiner == "add" else "1") + (".0" if is_float(elem) else "")
+        zero = b(f"stablehlo.constant dense<{identity}> : tensor<{elem}>")
         n = b.size(v, shape, elem, dim)
         one, nothing = b.i32(1, 1), b.i32(0, 1)
         window = b.vector([n if d == dim else one for d in range(rank)])
@@ -377,6 +389,32 @@ class _Rewriter:
                 v = b(f"stablehlo.convert {v} : ({tensor_type(shape, elem)}) -> {tensor_type(shape, out_elem)}")
             y, add = self.prefix_sum(b, v, shape, out_elem, dim % len(shape), combiner)
             return [y], [add]
+        self.replace(op, combiner, [x], build)
+
+    def cumulative_extreme(self, op: Any) -> None:
+        """`aten.cummax` / `aten.cummin` (a `torch.operator` torch-mlir has no conversion for): the
+        running maximum (minimum) as a scan, NaN carried on as torch's; each position's index the
+        latest that holds it (or a NaN): a running maximum of the positions where the element equals
+        the running value, -1 elsewhere."""
+        x, dim = op.operands[0], _constant_operand(op.operands[1])
+        shape, elem = _builtin(x.type)
+        dim %= len(shape)
+        combiner = "maximum" if _operator_name(op).endswith("cummax") else "minimum"
+
+        def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
+            ty, positions = tensor_type(shape, elem), tensor_type(shape, "i64")
+            values, fn = self.prefix_sum(b, args[0], shape, elem, dim, combiner)
+            kind = "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
+            flags = tensor_type(shape, "i1")
+            held = b(f"stablehlo.compare EQ, {args[0]}, {values}, {kind} : ({ty}, {ty}) -> {flags}")
+            if is_float(elem):
+                nan = b(f"stablehlo.compare NE, {args[0]}, {args[0]}, FLOAT : ({ty}, {ty}) -> {flags}")
+                held = b(f"stablehlo.or {held}, {nan} : {flags}")
+            extent = b.shape(args[0], shape, elem)
+            iota = b(f"stablehlo.dynamic_iota {extent}, dim = {dim} : (tensor<{len(shape)}xi32>) -> {positions}")
+            marks = b(f"stablehlo.select {held}, {iota}, {b.filled('-1', 'i64', extent, shape)} : {flags}, {positions}")
+            indices, fn2 = self.prefix_sum(b, marks, shape, "i64", dim, "maximum")
+            return [values, indices], [fn, fn2]
         self.replace(op, combiner, [x], build)
 
     def check(self, op: Any) -> None:
@@ -637,9 +675,8 @@ class _Rewriter:
     def recurrent(self, op: Any) -> None:
         """`disc::lstm` and `disc::rnn` (torch_frontend.recurrent_ops: nn.LSTM, nn.GRU and nn.RNN)
         as a `stablehlo.while` over the sequence per layer and direction (`_recurrence`)."""
-        from torch_mlir import ir
 
-        lstm = ir.StringAttr(op.attributes["name"]).value.endswith(".lstm")
+        lstm = _operator_name(op).endswith(".lstm")
         x, hx, params = op.operands[0], _list_items(op.operands[1]) if lstm else [op.operands[1]], _list_items(op.operands[2])
         has_biases, layers, bidirectional, batch_first = (_constant_operand(v) for v in op.operands[3:7])
         mode = "lstm" if lstm else _constant_operand(op.operands[7])
@@ -658,7 +695,8 @@ class _Rewriter:
 # pipeline, which refuses them; torch-dialect op -> rewrite, after it (aten.topk must be kept from its
 # decomposition, a sort)
 OPERATORS = {"torch.disc.grouped_mm": _Rewriter.grouped_mm, "torch.disc.check": _Rewriter.check, "torch.disc.fft": _Rewriter.fft,
-             "torch.disc.lstm": _Rewriter.recurrent, "torch.disc.rnn": _Rewriter.recurrent}
+             "torch.disc.lstm": _Rewriter.recurrent, "torch.disc.rnn": _Rewriter.recurrent,
+             "torch.aten.cummax": _Rewriter.cumulative_extreme, "torch.aten.cummin": _Rewriter.cumulative_extreme}
 REWRITES = {"torch.aten.cumsum": _Rewriter.cumsum, "torch.aten.cumprod": _Rewriter.cumsum, "torch.aten.nonzero": _Rewriter.nonzero,
             "torch.aten.repeat_interleave.Tensor": _Rewriter.repeat_interleave, "torch.aten.sort": _Rewriter.sort, "torch.aten.topk": _Rewriter.topk,
             "torch.aten.scatter_reduce.two": _Rewriter.scatter_reduce}
@@ -669,7 +707,6 @@ def lower_to_stablehlo(module: Any) -> list[str]:
     """The FX importer's raw torch-dialect module to StableHLO: `OPERATORS` rewritten, torch-mlir's
     backend pipeline, `REWRITES`, then the StableHLO conversion (`to_stablehlo`). Returns the text of
     the functions the new calls need (`define_functions`)."""
-    from torch_mlir import ir
     from torch_mlir.compiler_utils import run_pipeline_with_repro_report
 
     from ..mlir_support import walk
@@ -677,9 +714,8 @@ def lower_to_stablehlo(module: Any) -> list[str]:
     rewriter = _Rewriter(module)
     with module.context:
         for op in [op for op in walk(module.operation) if op.name == "torch.operator"]:
-            name = ir.StringAttr(op.attributes["name"]).value
-            if name in OPERATORS:
-                OPERATORS[name](rewriter, op)
+            if _operator_name(op) in OPERATORS:
+                OPERATORS[_operator_name(op)](rewriter, op)
     run_pipeline_with_repro_report(module, "builtin.module(func.func(torch-match-quantized-custom-ops), torchdynamo-export-to-torch-backend-"
                                    f"pipeline{{backend-legal-ops={','.join(LEGAL_OPS)} extra-library=}})", "Lowering TorchFX IR -> Torch Backend IR")
     with module.context:
