@@ -79,10 +79,7 @@ def test_floats_beyond_an_integer_type_saturate_as_xla_converts_them():
             x = np.array(values, source)
         for target in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64):
             fn = lambda v, target=target: v.astype(target)  # noqa: E731
-            if source == np.float64 or target in (np.int64, np.uint64):
-                with jax.enable_x64():
-                    got, want = disc.compile(fn, jax.ShapeDtypeStruct((n,), source))(x), jax.jit(fn)(x)
-            else:
+            with jax.enable_x64(source == np.float64 or target in (np.int64, np.uint64)):
                 got, want = disc.compile(fn, jax.ShapeDtypeStruct((n,), source))(x), jax.jit(fn)(x)
             np.testing.assert_array_equal(got, np.asarray(want), err_msg=f"{np.dtype(source).name} -> {np.dtype(target).name}")
 

@@ -339,8 +339,8 @@ def _roll(x: Any, shifts: Any, dims: Any = ()) -> Any:
 
 def _with_a_tensor_of_the_number(op: Any) -> Callable:
     """An op of a tensor and a number that torch-mlir does not convert (a shift `a << 2`, a
-    bitwise `mask | True`, `fmod` by a float) as the tensor form `op` with a tensor of that number shaped like the
-    tensor (a 0-d one torch-mlir broadcasts with a static op to the dynamic shape)."""
+    bitwise `mask | True`, `fmod` by a float) as the tensor form `op` with a tensor of that number
+    shaped like the tensor (a 0-d one torch-mlir broadcasts with a static op to the dynamic shape)."""
     def decomposition(x: Any, y: Any) -> Any:
         import torch
 
@@ -372,7 +372,8 @@ def _isclose(x: Any, y: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: 
 
 def _median(x: Any, dim: int | None = None, keepdim: bool = False) -> Any:
     """`torch.median` (which torch-mlir does not convert): the lower middle of a stable sort along
-    `dim` (over all elements without one); a row holding NaN gives NaN and its first NaN's index, as torch."""
+    `dim` (over all elements without one); a row holding NaN gives NaN and its first NaN's index,
+    as torch."""
     import torch
 
     if dim is None:
@@ -1188,8 +1189,10 @@ def _decompositions() -> dict:
     slice_scatter as a concatenation, scaled dot-product attention, the fused inference paths of
     `nn.MultiheadAttention` and `nn.TransformerEncoderLayer`, poolings (adaptive max among them), padding by
     sizes, embedding bags, bilinear upsampling with aligned corners, antialiased upsampling, Fourier transforms
-    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize, addmv, hypot, copysign, bilinear layers, diagonals of negative dims, RReLU in inference, variances over dynamic dims, masked scatters, products, quotients,
-    conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
+    (real to complex, complex, complex to real), histograms, clamps by tensors, remainders with the divisor's
+    sign, rolls, shifts and bitwise ops with numbers, isclose, k-th values, medians, searchsorted and bucketize,
+    addmv, hypot, copysign, bilinear layers, diagonals, RReLU in inference, variances over dynamic dims, max
+    pooling with indices, masked scatters, products, quotients, conjugates and magnitudes of complex tensors, the grouped GEMMs of mixture-of-experts layers as `disc::grouped_mm`)."""
     import torch
     import torch._refs.fft
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table  # pure Python: no MLIR loaded

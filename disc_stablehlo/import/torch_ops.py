@@ -110,6 +110,11 @@ def _function(name: str, params: list[str], results: list[str], body: Body, retu
     return f"func.func private @{name}({args}) -> ({', '.join(results)}) {{\n  {text}\n}}"
 
 
+def _comparison_type(elem: str) -> str:
+    """`stablehlo.compare`'s comparison type for an element type."""
+    return "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
+
+
 def _operator_name(op: Any) -> str:
     """A `torch.operator`'s operator name (`torch.aten.cummax`)."""
     from torch_mlir import ir
@@ -164,11 +169,15 @@ class _Recurrence:
         return self.b(f"stablehlo.dynamic_broadcast_in_dim {v[0]}, {self.b.vector(extent)}, dims = [{len(shape) - 1}] : "
                       f"({self.ty(v[1])}, tensor<{len(shape)}xi32>) -> {self.ty(shape)}")
 
+    def swapped(self, x: Value) -> Value:
+        """`x` (a, b, c) as (b, a, c): batch first <-> sequence first."""
+        shape = [x[1][1], x[1][0], x[1][2]]
+        return self.b(f"stablehlo.transpose {x[0]}, dims = [1, 0, 2] : ({self.ty(x[1])}) -> {self.ty(shape)}"), shape
+
     def run(self, x: Value, states: list[Value], params: list[Value], batch_first: bool, declared: list[list[int | None]]) -> list[str]:
         b = self.b
         if batch_first:
-            shape = [x[1][1], x[1][0], x[1][2]]
-            x = (b(f"stablehlo.transpose {x[0]}, dims = [1, 0, 2] : ({self.ty(x[1])}) -> {self.ty(shape)}"), shape)
+            x = self.swapped(x)
         seq, batch = x[1][0], x[1][1]
         if any(s[1][1] != batch for s in states):  # a batch size known in one of them only: not known
             batch = None
@@ -191,8 +200,7 @@ class _Recurrence:
             x = outputs[0] if len(outputs) == 1 else (b(f"stablehlo.concatenate {', '.join(o[0] for o in outputs)}, dim = 2 : "
                                                         f"({', '.join(self.ty(o[1]) for o in outputs)}) -> {self.ty(shape)}"), shape)
         if batch_first:
-            shape = [x[1][1], x[1][0], x[1][2]]
-            x = (b(f"stablehlo.transpose {x[0]}, dims = [1, 0, 2] : ({self.ty(x[1])}) -> {self.ty(shape)}"), shape)
+            x = self.swapped(x)
         results = [x]
         for f in finals:  # (layers * directions, batch, size)
             size = f[0][1][1]
@@ -237,9 +245,7 @@ class _Recurrence:
             if self.mode == "gru":
                 state_bias = self.broadcast(biases[1], [batch, width], [self.n_batch, n_width])
         out_shape = [seq, batch, size]
-        zero = b(f"stablehlo.constant dense<{'0.0' if is_float(self.elem) else '0'}> : tensor<{self.elem}>")
-        out = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {b.vector([self.n_seq, self.n_batch, b.i32(size, 1)])}, dims = [] : "
-                f"(tensor<{self.elem}>, tensor<3xi32>) -> {self.ty(out_shape)}")
+        out = b.filled("0.0" if is_float(self.elem) else "0", self.elem, b.vector([self.n_seq, self.n_batch, b.i32(size, 1)]), out_shape)
         start = b("stablehlo.constant dense<0> : tensor<i64>")
         carried = [(start, "tensor<i64>"), *[(v, self.ty(shape)) for v, shape in initial], (out, self.ty(out_shape))]
         n = b.n
@@ -303,10 +309,7 @@ class _Recurrence:
         both = self.op("add", shape, step_in, from_state)
         if self.mode == "rnn_tanh":
             return [self.op("tanh", shape, both)]
-        zero = b(f"stablehlo.constant dense<0.0> : tensor<{self.elem}>")
-        zeros = b(f"stablehlo.dynamic_broadcast_in_dim {zero}, {b.vector([self.n_batch, b.i32(hidden, 1)])}, dims = [] : "
-                  f"(tensor<{self.elem}>, tensor<2xi32>) -> {self.ty(shape)}")
-        return [self.op("maximum", shape, both, zeros)]
+        return [self.op("maximum", shape, both, b.filled("0.0", self.elem, b.vector([self.n_batch, b.i32(hidden, 1)]), shape))]
 
 
 class _Rewriter:
@@ -404,7 +407,7 @@ class _Rewriter:
         def build(b: Body, args: list[str]) -> tuple[list[str], list[str]]:
             ty, positions = tensor_type(shape, elem), tensor_type(shape, "i64")
             values, fn = self.prefix_sum(b, args[0], shape, elem, dim, combiner)
-            kind = "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
+            kind = _comparison_type(elem)
             flags = tensor_type(shape, "i1")
             held = b(f"stablehlo.compare EQ, {args[0]}, {values}, {kind} : ({ty}, {ty}) -> {flags}")
             if is_float(elem):
@@ -448,7 +451,7 @@ class _Rewriter:
                 n = b(f"stablehlo.multiply {n}, {d} : tensor<1xi32>")
             flat = b(f"stablehlo.dynamic_reshape {args[0]}, {n} : ({tensor_type(shape, elem)}, tensor<1xi32>) -> {tensor_type([None], elem)}")
             zeros = b.filled('0.0' if is_float(elem) else ('false' if elem == 'i1' else '0'), elem, n, [None])
-            kind = "FLOAT" if is_float(elem) else ("UNSIGNED" if elem == "i1" or elem.startswith("ui") else "SIGNED")
+            kind = _comparison_type(elem)
             flags = b(f"stablehlo.compare NE, {flat}, {zeros}, {kind} : ({tensor_type([None], elem)}, {tensor_type([None], elem)}) -> tensor<?xi1>")
             counts = b(f"stablehlo.convert {flags} : (tensor<?xi1>) -> tensor<?xi64>")
             rows, add = self.prefix_sum(b, counts, [None], "i64", 0)
@@ -671,11 +674,9 @@ class _Rewriter:
             return [y], []
         self.replace(op, "grouped_mm", [x, weight, offs], build)
 
-
     def recurrent(self, op: Any) -> None:
         """`disc::lstm` and `disc::rnn` (torch_frontend.recurrent_ops: nn.LSTM, nn.GRU and nn.RNN)
-        as a `stablehlo.while` over the sequence per layer and direction (`_recurrence`)."""
-
+        as a `stablehlo.while` over the sequence per layer and direction (`_Recurrence`)."""
         lstm = _operator_name(op).endswith(".lstm")
         x, hx, params = op.operands[0], _list_items(op.operands[1]) if lstm else [op.operands[1]], _list_items(op.operands[2])
         has_biases, layers, bidirectional, batch_first = (_constant_operand(v) for v in op.operands[3:7])

@@ -521,11 +521,11 @@ def blocked_float_sums(module: ir.Module) -> int:
     XLA and numpy sum pairwise). A loop of at most one block's iterations known here stays as it
     is. Returns how many loops changed."""
     changed = 0
-    for loop in [op for op in walk(module.operation) if op.name == "scf.for" and _float_sums(op)]:
-        vectors = any(isinstance(r.type, ir.VectorType) for r in loop.results)
-        block = VECTOR_SUM_BLOCK if vectors else SUM_BLOCK
-        if "unsignedCmp" not in loop.attributes and _constant_trip_count(loop) > block:
-            _blocked(loop, block)
+    for loop in [op for op in walk(module.operation) if op.name == "scf.for"]:
+        sums = _float_sums(loop)
+        block = VECTOR_SUM_BLOCK if any(isinstance(r.type, ir.VectorType) for r in loop.results) else SUM_BLOCK
+        if sums and "unsignedCmp" not in loop.attributes and _constant_trip_count(loop) > block:
+            _blocked(loop, block, sums)
             changed += 1
     return changed
 
@@ -551,12 +551,11 @@ def _constant_trip_count(loop: ir.Operation) -> float:
     return max(0, -(-(upper - lower) // step))
 
 
-def _blocked(loop: ir.Operation, block: int) -> None:
+def _blocked(loop: ir.Operation, block: int, sums: dict[int, ir.Operation]) -> None:
     """`loop` as an outer loop over blocks of `block` iterations, whose body is the loop over one
     block: its float sums (`_float_sums`) start from -0.0 there, and the outer loop adds each
     block's to its total with Kahan's compensation (carried too); its other carried values pass
     through."""
-    sums = _float_sums(loop)
     lower, upper, step, *inits = loop.operands
     index, types = ir.IndexType.get(), [v.type for v in inits]
     sum_types = [types[k] for k in sums]

@@ -270,7 +270,8 @@ def saturating_float_to_int(module: ir.Module) -> int:
         width = ir.IntegerType(t).width
         if width == 1 or not isinstance(x.type, ir.FloatType) or ir.FloatType(x.type).width < 16:
             continue
-        low, high = (-(1 << (width - 1)), 1 << (width - 1)) if op.name == "arith.fptosi" else (0, 1 << width)
+        signed = op.name == "arith.fptosi"
+        low, high = (-(1 << (width - 1)), 1 << (width - 1)) if signed else (0, 1 << width)
         largest = 65504.0 if str(x.type) == "f16" else math.inf  # the bounds (powers of two up to 2^64) fit the others
 
         def compare(predicate: int, bound: float) -> ir.Value:
@@ -279,7 +280,7 @@ def saturating_float_to_int(module: ir.Module) -> int:
         with ir.InsertionPoint.after(op), op.location:
             above, below = compare(_OGE, high), compare(_OLT, low)
             nan = create_value("arith.cmpf", [x, x], i1, predicate=ir.IntegerAttr.get(i64, _UNO))
-            most = high - 1 - (1 << width if high - 1 >> (width - 1) else 0)  # written signed: unsigned max is -1
+            most = high - 1 if signed else -1  # (written signed: the unsigned maximum's bits)
             first = create_value("arith.select", [above, _const(most, t), op.result], t)
             result = create_value("arith.select", [nan, _const(0, t), create_value("arith.select", [below, _const(low, t), first], t)], t)
         op.result.replace_all_uses_with(result)
